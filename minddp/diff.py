@@ -1,0 +1,125 @@
+"""Compare two gradient tables element by element.
+
+    python -m minddp.diff manual.txt stock.txt                 # identical bits, or not
+    python -m minddp.diff manual.txt stock.txt --atol 1e-6     # close enough
+
+Exit status: 0 identical (or within --atol/--rtol when given), 1 they differ,
+2 a table is unreadable or the runs are not comparable (world size, steps, parameters).
+
+Why two runs of the same math can differ in the last bits: float addition is not
+associative, (a + b) + c != a + (b + c) in general. With two ranks an all_reduce computes
+a + b, the same either way round; with three or more, two all_reduce implementations may
+add in another order and disagree by an ulp or so. "max ulps" below counts that distance
+in units in the last place, so rounding noise (a few ulps) is easy to tell from a bug.
+"""
+
+import argparse
+import sys
+
+import numpy as np
+from tabulate import tabulate
+
+from .gradtable import TableError, read_table
+
+
+def ulp_distance(a, b):
+    """How many representable floats lie between a and b (0 = same value), elementwise."""
+    ints = {2: np.int16, 4: np.int32, 8: np.int64}[a.dtype.itemsize]
+    magnitude = np.int64(np.iinfo(ints).max)  # every bit but the sign
+    ia, ib = a.view(ints).astype(np.int64), b.view(ints).astype(np.int64)
+    # Floats are sign-magnitude: their bits, read as integers, count up for positive values
+    # and down for negative ones. Flip the negative half onto one monotonic line (-0.0 and
+    # +0.0 both land on 0); neighbouring floats are then neighbouring integers.
+    ia = np.where(ia < 0, -(ia & magnitude), ia)
+    ib = np.where(ib < 0, -(ib & magnitude), ib)
+    return np.abs(ia.astype(np.float64) - ib.astype(np.float64))
+
+
+def compare(meta_a, grads_a, meta_b, grads_b, atol=None, rtol=None):
+    """Compare two loaded tables.
+
+    Returns (rows, verdict, onset): one summary row per parameter; verdict 0 when every
+    element is bitwise equal (or, with a tolerance, within it), else 1; onset is None or
+    (first step that differs, largest gap there in rounding units of that step's largest
+    element), which tells rounding from a bug.
+    """
+    for key in ("world_size", "steps", "names", "shapes", "dtypes"):
+        if meta_a[key] != meta_b[key]:
+            raise TableError(f"runs are not comparable: {key} differs ({meta_a[key]} vs {meta_b[key]})")
+    tolerant = atol is not None or rtol is not None
+    atol, rtol = atol or 0.0, rtol or 0.0
+    rows, verdict, onset = [], 0, None
+    for name in meta_a["names"]:
+        a, b = grads_a[name], grads_b[name]
+        bitwise = a.tobytes() == b.tobytes()  # bits, not values: tells -0.0 from 0.0, sees NaNs
+        both_nan = np.isnan(a) & np.isnan(b)
+        diff = np.where(both_nan, 0.0, np.abs(a.astype(np.float64) - b.astype(np.float64)))
+        ulps = np.where(both_nan, 0.0, ulp_distance(a, b))
+        scale = np.abs(b.astype(np.float64))
+        rel = np.divide(diff, scale, out=np.where(diff > 0, np.inf, 0.0), where=scale > 0)
+        if not (bitwise or (tolerant and bool(np.all(diff <= atol + rtol * scale)))):
+            verdict = 1
+        per_step = diff.reshape(diff.shape[0], diff.shape[1], -1)  # [step, rank, element]
+        changed = np.argwhere(per_step != 0)
+        first = ""
+        if len(changed):
+            step, rank = changed[0][:2]
+            first = f"step {step} rank {rank}"
+            # The gap at the first differing step, in rounding units of that step's largest
+            # element: rounding in a sum shows up at the scale of its largest term.
+            unit = np.finfo(a.dtype).eps * max(float(np.max(scale[step])), np.finfo(a.dtype).tiny)
+            gap = float(np.max(diff[step])) / unit
+            if onset is None or step < onset[0]:
+                onset = (int(step), gap)
+            elif step == onset[0]:
+                onset = (onset[0], max(onset[1], gap))
+        rows.append([name, "x".join(map(str, a.shape[2:])) or "scalar",
+                     f"{np.max(diff, initial=0.0):.3e}", f"{np.max(rel, initial=0.0):.3e}",
+                     f"{np.max(ulps, initial=0.0):.0f}", int(np.count_nonzero(diff)),
+                     "yes" if bitwise else "no", first])
+    return rows, verdict, onset
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m minddp.diff", description=__doc__.split("\n\n")[0])
+    parser.add_argument("a", help="gradient table of run A (PATH or PATH.npz)")
+    parser.add_argument("b", help="gradient table of run B")
+    parser.add_argument("--atol", type=float, help="pass when |a - b| <= atol + rtol*|b| everywhere")
+    parser.add_argument("--rtol", type=float, help="relative tolerance (see --atol)")
+    args = parser.parse_args(argv)
+    try:
+        meta_a, grads_a = read_table(args.a)
+        meta_b, grads_b = read_table(args.b)
+        rows, verdict, onset = compare(meta_a, grads_a, meta_b, grads_b, args.atol, args.rtol)
+    except TableError as err:
+        print(f"minddp.diff: {err}", file=sys.stderr)
+        print("---> HINT: record both runs with --grad-table PATH, at the same world size and steps",
+              file=sys.stderr)
+        return 2
+    print(f"A: {args.a}   ({meta_a['script']}, torch {meta_a['torch']})")
+    print(f"B: {args.b}   ({meta_b['script']}, torch {meta_b['torch']})")
+    print(f"world size {meta_a['world_size']}, {meta_a['steps']} steps, {len(rows)} parameters\n")
+    print(tabulate(rows, headers=["parameter", "shape", "max abs diff", "max rel diff", "max ulps",
+                                  "elements differing", "bitwise equal", "first difference"],
+                   disable_numparse=True))
+    if onset is None:
+        print("\nverdict: IDENTICAL (every element of every step on every rank, bit for bit)")
+        return 0
+    step, gap = onset
+    print(f"\nthe runs part at step {step}, by {gap:.1f} rounding units (eps x largest |grad|)", end="")
+    if gap <= 16:
+        # A wrong average is off by a factor, millions of ulps; reordered sums by one or two.
+        # Later steps train on slightly different weights, so the gap then grows.
+        print(": the size of a different summation order (e.g. an all_reduce over 3+ ranks),"
+              " not of a wrong gradient; later steps inherit it through the weights")
+    else:
+        print(": more than rounding, so the runs compute different gradients")
+    if verdict == 0:
+        print(f"verdict: WITHIN TOLERANCE (atol={args.atol}, rtol={args.rtol}), not bitwise equal")
+    else:
+        print("verdict: DIFFERENT")
+    return verdict
+
+
+if __name__ == "__main__":
+    sys.exit(main())

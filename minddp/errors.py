@@ -1,0 +1,58 @@
+"""Errors a student will hit: one clear line, a hint, a non-zero exit.
+
+A wrong setup in distributed training usually shows up as a 40-line traceback from
+deep inside torch.distributed, or worse, as a rank waiting forever for a peer that
+already died. minddp checks the common mistakes *before* the first collective and
+raises `UsageError`; the examples wrap `main()` in `exit_on_usage_error()`, which
+prints two lines and exits with status 2:
+
+    error: nccl needs CUDA, but torch.cuda.is_available() is False here
+    ---> HINT: leave --backend at auto (gloo on CPU), or install a CUDA build of PyTorch
+
+(Under torchrun the agent then adds its own failure report; read the first lines.)
+"""
+
+import contextlib
+import os
+import sys
+
+EXIT_USAGE = 2
+
+
+class UsageError(RuntimeError):
+    """A mistake in how a run was set up, with a hint on how to fix it.
+
+    `same_on_every_rank=True` marks errors that every rank detects alike (a property
+    of the data or the command line): only rank 0 prints those, so six ranks do not
+    print the same line six times.
+    """
+
+    def __init__(self, message, hint="", same_on_every_rank=False):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.same_on_every_rank = same_on_every_rank
+
+    def __str__(self):
+        return self.message + (f" (hint: {self.hint})" if self.hint else "")
+
+
+@contextlib.contextmanager
+def exit_on_usage_error():
+    """Turn a UsageError into `error:` + `---> HINT:` lines on stderr and exit status 2."""
+    try:
+        yield
+    except UsageError as err:
+        rank = int(os.environ.get("RANK", "0"))
+        if rank == 0 or not err.same_on_every_rank:
+            prefix = f"[rank{rank}] " if "RANK" in os.environ and not err.same_on_every_rank else ""
+            print(f"{prefix}error: {err.message}", file=sys.stderr, flush=True)
+            if err.hint:
+                print(f"{prefix}---> HINT: {err.hint}", file=sys.stderr, flush=True)
+        # minddp's checks depend only on the command line, the data and the machine,
+        # so every rank raises at the same point and none is left waiting in a
+        # collective. Leave the group as a clean run would.
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        sys.exit(EXIT_USAGE)
