@@ -51,7 +51,10 @@ def compare(meta_a, grads_a, meta_b, grads_b, atol=None, rtol=None):
     rows, verdict, onset = [], 0, None
     for name in meta_a["names"]:
         a, b = grads_a[name], grads_b[name]
-        bitwise = a.tobytes() == b.tobytes()  # bits, not values: tells -0.0 from 0.0, sees NaNs
+        # Compare bits, not values: 0.0 == -0.0 as values, and NaN != NaN.
+        uint = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+        bits_differ = a.view(uint) != b.view(uint)
+        bitwise = not bits_differ.any()
         both_nan = np.isnan(a) & np.isnan(b)
         diff = np.where(both_nan, 0.0, np.abs(a.astype(np.float64) - b.astype(np.float64)))
         ulps = np.where(both_nan, 0.0, ulp_distance(a, b))
@@ -59,8 +62,7 @@ def compare(meta_a, grads_a, meta_b, grads_b, atol=None, rtol=None):
         rel = np.divide(diff, scale, out=np.where(diff > 0, np.inf, 0.0), where=scale > 0)
         if not (bitwise or (tolerant and bool(np.all(diff <= atol + rtol * scale)))):
             verdict = 1
-        per_step = diff.reshape(diff.shape[0], diff.shape[1], -1)  # [step, rank, element]
-        changed = np.argwhere(per_step != 0)
+        changed = np.argwhere(bits_differ.reshape(a.shape[0], a.shape[1], -1))  # [step, rank, element]
         first = ""
         if len(changed):
             step, rank = changed[0][:2]
@@ -75,7 +77,7 @@ def compare(meta_a, grads_a, meta_b, grads_b, atol=None, rtol=None):
                 onset = (onset[0], max(onset[1], gap))
         rows.append([name, "x".join(map(str, a.shape[2:])) or "scalar",
                      f"{np.max(diff, initial=0.0):.3e}", f"{np.max(rel, initial=0.0):.3e}",
-                     f"{np.max(ulps, initial=0.0):.0f}", int(np.count_nonzero(diff)),
+                     f"{np.max(ulps, initial=0.0):.0f}", int(np.count_nonzero(bits_differ)),
                      "yes" if bitwise else "no", first])
     return rows, verdict, onset
 

@@ -1,0 +1,34 @@
+"""broadcast_parameters: every rank ends with rank 0's parameters and buffers.
+
+    pytest tests/test_broadcast.py
+"""
+
+import torch
+
+from helpers import run_ranks
+from minddp import broadcast_parameters
+
+
+def _model(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    model[1].running_mean.fill_(float(seed))  # a buffer that differs per rank too
+    return model
+
+
+def _broadcast(rank, world_size):
+    model = _model(seed=100 + rank)  # every rank starts different
+    weight = model[0].weight  # the optimizer would hold this very tensor
+    broadcast_parameters(model, src=0)
+    assert model[0].weight is weight  # in place
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_every_rank_gets_rank_0s_state():
+    results = run_ranks(_broadcast, 3)
+    expected = _model(seed=100).state_dict()
+    for state in results:
+        assert state.keys() == expected.keys()
+        for key in expected:
+            assert torch.equal(state[key], expected[key]), key
+    assert not torch.equal(_model(101)[0].weight, expected["0.weight"])  # the ranks did differ

@@ -1,0 +1,126 @@
+"""End to end: the examples under torchrun and plain python, their tables, the lesson's numbers.
+
+    pytest tests/test_examples.py
+"""
+
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import REPO, run, torchrun
+
+STOCK, MANUAL = REPO / "examples" / "stock_ddp.py", REPO / "examples" / "manual_ddp.py"
+LESSON = REPO / "tests" / "reference" / "lesson_ddp_script.py"
+STEP_LINE = re.compile(r"\[(?:GPU|rank)(\d+)\] Epoch: (\d+)/\d+ \| Batchsize (\d+) \| Train/Val Loss: ([0-9.]+)")
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory):
+    """launch(script, nproc, *args) -> (result, table path); each distinct run happens once."""
+    cache, tmp = {}, tmp_path_factory.mktemp("runs")
+
+    def _launch(script, nproc, *args):
+        key = (script.name, nproc, args)
+        if key not in cache:
+            table = tmp / f"{script.stem}-{nproc}-{len(cache)}.txt"
+            result = torchrun(nproc, script, *args, "--grad-table", table)
+            assert result.returncode == 0, result.stderr
+            cache[key] = (result, table)
+        return cache[key]
+    return _launch
+
+
+def losses(output):
+    """{rank: [loss strings in step order]} from the step lines (ranks' lines may interleave)."""
+    by_rank = {}
+    for rank, _, batch, loss in STEP_LINE.findall(output):
+        by_rank.setdefault(int(rank), []).append(loss)
+    return by_rank
+
+
+def diff(a, b, *extra):
+    return run([sys.executable, "-m", "minddp.diff", str(a), str(b), *extra], timeout=60)
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_manual_and_stock_tables_are_identical(launch, nproc):
+    (_, stock), (_, manual) = launch(STOCK, nproc), launch(MANUAL, nproc)
+    verdict = diff(manual, stock)
+    assert verdict.returncode == 0, verdict.stdout
+    assert "verdict: IDENTICAL" in verdict.stdout
+    assert f"world size {nproc}, {6 // nproc} steps, 6 parameters" in verdict.stdout
+
+
+def test_diff_finds_a_run_with_another_seed(launch):
+    (_, stock), (_, other) = launch(STOCK, 2), launch(MANUAL, 2, "--seed", "7")
+    verdict = diff(other, stock)
+    assert verdict.returncode == 1, verdict.stdout
+    assert "verdict: DIFFERENT" in verdict.stdout
+    assert "more than rounding" in verdict.stdout
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_losses_equal_the_lessons_script(launch, nproc):
+    lesson = torchrun(nproc, LESSON)
+    assert lesson.returncode == 0, lesson.stderr
+    expected = losses(lesson.stdout)
+    assert sorted(expected) == list(range(nproc)) and all(len(v) == 6 // nproc for v in expected.values())
+    for script in (STOCK, MANUAL):
+        result, _ = launch(script, nproc)
+        assert losses(result.stdout) == expected, script.name
+
+
+def test_accuracy_is_printed_once_and_global(launch):
+    result, _ = launch(MANUAL, 2)
+    assert result.stdout.count("Training accuracy") == 1
+    assert "Training accuracy 1.0" in result.stdout and "Test accuracy 1.0" in result.stdout
+
+
+def test_plain_python_runs_as_world_size_one(launch, tmp_path):
+    table = tmp_path / "plain.txt"
+    result = run([sys.executable, str(MANUAL), "--grad-table", table])
+    assert result.returncode == 0, result.stderr
+    assert "world size 1" in result.stdout
+    assert diff(table, launch(STOCK, 1)[1]).returncode == 0
+
+
+def test_examples_differ_only_where_ddp_differs():
+    out = subprocess.run(["diff", str(STOCK), str(MANUAL)], capture_output=True, text=True).stdout
+    changed = [line[2:] for line in out.splitlines() if line[:2] in ("< ", "> ")]
+    code = [line for line in changed if not line.startswith(("    torchrun", "    python", '"""'))]
+    code = [line for line in code if "examples/" not in line]  # the docstring's cross-references
+    assert len(code) <= 8  # 2 imports and 2 lines of use, on each side
+    assert all(re.search(r"Sampler|DDP|ManualDDP", line) for line in code), code
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_nccl_without_cuda_fails_fast_with_a_hint():
+    result = torchrun(2, MANUAL, "--backend", "nccl", timeout=60)
+    assert result.returncode != 0
+    assert result.stderr.count("error: nccl needs CUDA") == 1  # said once, not once per rank
+    assert "---> HINT:" in result.stderr
+
+
+def test_zero_batches_fails_fast_and_the_hint_works():
+    # The lesson's numbers: 6 ranks share 5 examples, 1 each, under one batch of 2.
+    result = torchrun(6, MANUAL, "--epochs", "1", timeout=90)
+    assert result.returncode != 0
+    assert result.stderr.count("error: each rank gets 1 example(s) of 5 at world size 6") == 1
+    assert "--factor" in result.stderr
+    assert torchrun(6, MANUAL, "--epochs", "1", "--factor", "4", timeout=90).returncode == 0
+
+
+def test_single_device_prints_the_lessons_numbers():
+    result = run([sys.executable, str(REPO / "examples" / "single_device.py"), "--device", "cpu"])
+    assert result.returncode == 0, result.stderr
+    assert re.findall(r"Train Loss: ([0-9.]+)", result.stdout) == ["0.75", "0.65", "0.44", "0.13", "0.03", "0.00"]
+
+
+def test_devices_explains_the_mixed_device_error():
+    result = run([sys.executable, str(REPO / "examples" / "devices.py")])
+    assert result.returncode == 0, result.stderr
+    assert "tensor([5., 7., 9.])" in result.stdout
+    assert "RuntimeError" in result.stdout and "the fix" in result.stdout
