@@ -131,8 +131,11 @@ def ddp_setup(backend="auto", device="auto"):
 
 
 def ddp_teardown():
-    """Free the process group (the lesson's destroy_process_group)."""
+    """Free the process group (the lesson's destroy_process_group), all ranks together."""
     if dist.is_initialized():
+        # Rank 0 may still be busy (writing a table) while the others are done: let every
+        # rank arrive before any tears its connections down.
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -27,7 +27,7 @@ def launch(tmp_path_factory):
         if key not in cache:
             table = tmp / f"{script.stem}-{nproc}-{len(cache)}.txt"
             result = torchrun(nproc, script, *args, "--grad-table", table)
-            assert result.returncode == 0, result.stderr
+            assert result.returncode == 0, result.stdout + result.stderr
             cache[key] = (result, table)
         return cache[key]
     return _launch
