@@ -124,3 +124,10 @@ def test_devices_explains_the_mixed_device_error():
     assert result.returncode == 0, result.stderr
     assert "tensor([5., 7., 9.])" in result.stdout
     assert "RuntimeError" in result.stdout and "the fix" in result.stdout
+
+
+def test_diff_tool_on_a_missing_table_exits_2_with_one_line(launch, tmp_path):
+    result = diff(tmp_path / "missing.txt", launch(STOCK, 1)[1])
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines()[0] == f"minddp.diff: cannot read {tmp_path / 'missing.txt'}: no such file"
+    assert len(result.stderr.splitlines()) == 2 and "Traceback" not in result.stderr
