@@ -31,11 +31,23 @@ def _entry(fn, rank, world_size, store_file, out_dir, args):
         dist.init_process_group("gloo", init_method=f"file://{store_file}",
                                 rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        partial = os.path.join(out_dir, f"rank{rank}.partial")
+        torch.save(result, partial)
+        os.replace(partial, os.path.join(out_dir, f"rank{rank}.pt"))  # all or nothing
+        dist.barrier()
         dist.destroy_process_group()
+        Path(out_dir, f"rank{rank}.done").touch()  # finished: only interpreter exit is left
     except BaseException:
         Path(out_dir, f"rank{rank}.err").write_text(traceback.format_exc())
         sys.exit(1)
+
+
+# A gloo process that has finished its work, results saved and process group destroyed,
+# rarely aborts while the interpreter exits ("terminate called without an active
+# exception", SIGABRT; seen 3 times in some 1500 rank processes here, torch 2.13.0+cpu,
+# twice in CI's runs). It is torch's teardown, not minddp's arithmetic: the tests accept
+# such a rank's saved results, and repeat such a torchrun once, with a warning either way.
+TEARDOWN_ABORT = "terminate called without an active exception"
 
 
 def run_ranks(fn, world_size, *args, timeout=90):
@@ -46,6 +58,7 @@ def run_ranks(fn, world_size, *args, timeout=90):
     """
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
+        done = [Path(tmp, f"rank{r}.done") for r in range(world_size)]
         store = os.path.join(tmp, "store")
         procs = [ctx.Process(target=_entry, args=(fn, r, world_size, store, tmp, args))
                  for r in range(world_size)]
@@ -54,7 +67,7 @@ def run_ranks(fn, world_size, *args, timeout=90):
         deadline = time.monotonic() + timeout
         try:
             while any(p.is_alive() for p in procs):
-                if any(p.exitcode not in (None, 0) for p in procs):
+                if any(p.exitcode not in (None, 0) and not d.exists() for p, d in zip(procs, done)):
                     break  # one rank failed: the others would wait for it forever
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"ranks still running after {timeout}s (a hang?)")
@@ -64,9 +77,14 @@ def run_ranks(fn, world_size, *args, timeout=90):
                 if p.is_alive():
                     p.kill()
                 p.join()
-        errors = [Path(tmp, f"rank{r}.err") for r in range(world_size)]
-        failed = [e.read_text() for e in errors if e.exists()]
-        if failed or any(p.exitcode != 0 for p in procs):
+        failed = []
+        for r, (p, d) in enumerate(zip(procs, done)):
+            err = Path(tmp, f"rank{r}.err")
+            if p.exitcode == -signal.SIGABRT and d.exists():
+                warnings.warn(f"rank {r} aborted at interpreter exit after finishing its work")
+            elif p.exitcode != 0:
+                failed.append(f"rank {r} exit code {p.exitcode}\n" + (err.read_text() if err.exists() else ""))
+        if failed:
             raise RuntimeError("a rank failed:\n" + "\n".join(failed))
         return [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False)
                 for r in range(world_size)]
@@ -84,12 +102,6 @@ def run(cmd, timeout=120, env=None):
         proc.communicate()
         raise AssertionError(f"{' '.join(map(str, cmd))} still running after {timeout}s (a hang?)")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-# A worker of a finished gloo run, rarely, aborts while the process exits (seen 2 times in
-# about 280 runs here, torch 2.13.0+cpu, after training and evaluation had finished). It
-# is torch's teardown, not minddp's arithmetic: such a run is repeated once, with a warning.
-TEARDOWN_ABORT = "terminate called without an active exception"
 
 
 def torchrun(nproc, script, *args, timeout=120):
