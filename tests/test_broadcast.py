@@ -17,18 +17,22 @@ def _model(seed):
 
 
 def _broadcast(rank, world_size):
-    model = _model(seed=100 + rank)  # every rank starts different
-    weight = model[0].weight  # the optimizer would hold this very tensor
-    broadcast_parameters(model, src=0)
-    assert model[0].weight is weight  # in place
-    return {k: v.clone() for k, v in model.state_dict().items()}
+    states = []
+    for src in (0, 2):
+        model = _model(seed=100 + rank)  # every rank starts different
+        weight = model[0].weight  # the optimizer would hold this very tensor
+        broadcast_parameters(model, src=src)
+        assert model[0].weight is weight  # in place
+        states.append({k: v.clone() for k, v in model.state_dict().items()})
+    return states
 
 
-def test_every_rank_gets_rank_0s_state():
+def test_every_rank_gets_the_source_ranks_state():
     results = run_ranks(_broadcast, 3)
-    expected = _model(seed=100).state_dict()
-    for state in results:
-        assert state.keys() == expected.keys()
-        for key in expected:
-            assert torch.equal(state[key], expected[key]), key
-    assert not torch.equal(_model(101)[0].weight, expected["0.weight"])  # the ranks did differ
+    for i, src in enumerate((0, 2)):
+        expected = _model(seed=100 + src).state_dict()
+        for states in results:
+            assert states[i].keys() == expected.keys()
+            for key in expected:
+                assert torch.equal(states[i][key], expected[key]), (src, key)
+    assert not torch.equal(_model(101)[0].weight, _model(100)[0].weight)  # the ranks did differ
