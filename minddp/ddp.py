@@ -10,50 +10,110 @@ weights, so the replicas stay identical without ever sending a weight again.
 How, in three moves:
   1. at construction, broadcast rank 0's parameters and buffers (broadcast.py);
   2. on every parameter that requires grad, a hook that fires once its gradient for
-     this backward pass is complete, and all-reduces it: g <- sum_r (g_r / world_size);
+     this backward pass is complete, and averages it over ranks: g <- sum_r (g_r / world_size);
   3. forward is the wrapped module's forward, untouched.
 
-This file is the teaching baseline: one all_reduce per parameter, each blocking.
-Stock DDP packs gradients into buckets and overlaps their all_reduce with the rest
-of backward, which is faster. The numbers agree: bit for bit at 1 and 2 ranks; at 3 or
-more, up to the order in which the all_reduce adds (last-bit differences, see diff.py).
+Two ways to do step 2, both kept so they can be compared (python -m minddp.bench):
+  - naive (bucketed=False): the teaching baseline, not used in practice. One blocking
+    all_reduce per parameter, right in the hook. Few lines, easy to check, slow: every
+    call pays a fixed cost, and backward stops while it waits.
+  - bucketed (the default): stock's way, in buckets.py. Gradients are copied into a few
+    flat buffers, each all-reduced asynchronously while backward goes on.
+
+The numbers agree with stock's: bucketed, bit for bit at any world size; naive, bit for
+bit at 1 and 2 ranks and up to summation order at 3 or more (last bits, see diff.py).
 """
+
+import contextlib
+import functools
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from .broadcast import broadcast_parameters
+from .buckets import BucketReducer
+from .errors import UsageError
 
 
 class ManualDDP(nn.Module):
-    def __init__(self, module, process_group=None):
+    def __init__(self, module, process_group=None, bucket_cap_mb=None, bucketed=True):
         super().__init__()
         self.module = module  # the name stock uses: state_dict keys read "module.<name>" in both
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
+        self.require_backward_grad_sync = True  # stock's flag; no_sync() lowers it
         broadcast_parameters(module, src=0, group=process_group)
         # One hook per *distinct* parameter: parameters() lists a tied weight once, and
         # autograd sums all its uses into one .grad before the hook fires, so a tied
         # weight is averaged once, not once per use. Frozen parameters get no gradient,
         # so they get no hook (and no communication).
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._param_names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        self.reducer = BucketReducer(self._params, process_group, bucket_cap_mb) if bucketed else None
+        self._expect_hooks = False  # set by a synced forward, cleared when its backward ends
+        self._arrived = []  # indices of the gradients that arrived in this backward
         self._hook_handles = [
-            p.register_post_accumulate_grad_hook(self._average_grad)
-            for p in module.parameters() if p.requires_grad
+            p.register_post_accumulate_grad_hook(functools.partial(self._grad_ready, i))
+            for i, p in enumerate(self._params)
         ]
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward inside this block only accumulates local gradients; no communication.
+
+        The next synced backward adds its gradient to the accumulated sum and averages
+        that, so K micro-batches cost one round of all_reduce instead of K.
+        """
+        before = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = before
+
     def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled():
+            if self.reducer is not None:
+                self.reducer.rebuild_buckets()  # once, after the first synced backward
+            # Decided at forward time, as stock does: a forward run inside no_sync()
+            # gives a backward that stays local, even if backward() runs after the block.
+            self._expect_hooks = self.require_backward_grad_sync
         return self.module(*args, **kwargs)
 
-    def _average_grad(self, param):
-        # "post accumulate": param.grad already holds this backward's gradient (plus
-        # whatever was accumulated before), the same tensor the optimizer will read.
-        # Divide *before* summing, as stock does: each rank scales its own gradient by
-        # 1/world_size, so the sum is already the mean and no rank ever holds the full,
-        # world_size-times-larger sum (which could overflow in half precision).
+    def _grad_ready(self, index, param):
+        # "post accumulate": param.grad already holds this backward's gradient plus
+        # whatever no_sync() accumulated before, the same tensor the optimizer will read.
+        if not self._expect_hooks:
+            return  # inside no_sync(): the gradient just stays in .grad and accumulates
+        if not self._arrived:
+            # First gradient of this backward: ask autograd to call us once the whole
+            # backward is done, the one place where every bucket can be waited for.
+            torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
+        self._arrived.append(index)
+        if self.reducer is not None:
+            self.reducer.grad_ready(index, param.grad)
+            return
+        # The naive way. Divide *before* summing, as stock does: each rank scales its own
+        # gradient by 1/world_size, so the sum is already the mean and no rank ever holds
+        # the world_size-times-larger sum (which could overflow in half precision).
         param.grad.mul_(1.0 / self.world_size)
         if self.world_size > 1:
             # Blocking: every rank calls this hook for the same parameters in the same
             # order (autograd walks the same graph everywhere), so the collectives pair
             # up. When it returns, this .grad is the average on every rank.
             dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.process_group)
+
+    def _finalize_backward(self):
+        self._expect_hooks = False
+        arrived, self._arrived = set(self._arrived), []
+        missing = [self._param_names[i] for i in range(len(self._params)) if i not in arrived]
+        if self.reducer is not None:
+            self.reducer.finalize(copy_back=not missing)
+        if missing:
+            raise UsageError(
+                f"parameter {missing[0]!r} requires grad but got no gradient in this backward"
+                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+                hint="use it in forward so it reaches the loss, or freeze it with"
+                     " requires_grad_(False) before wrapping the model")
