@@ -1,5 +1,8 @@
 """ManualDDP against the trusted references: stock DDP, and one process on the full batch.
 
+The naive mode (one all_reduce per parameter) is checked here; test_buckets.py checks
+the bucketed default against stock bit for bit.
+
     pytest tests/test_ddp.py
 """
 
@@ -22,7 +25,7 @@ def _mlp():
 def _stock_vs_manual(rank, world_size, steps):
     torch.manual_seed(rank)  # different weights per rank: both wrappers must broadcast rank 0's
     base = _mlp()
-    stock, manual = DDP(copy.deepcopy(base)), ManualDDP(copy.deepcopy(base))
+    stock, manual = DDP(copy.deepcopy(base)), ManualDDP(copy.deepcopy(base), bucketed=False)
     opt_s = torch.optim.SGD(stock.parameters(), lr=0.1)
     opt_m = torch.optim.SGD(manual.parameters(), lr=0.1)
     record = []
@@ -40,7 +43,7 @@ def _stock_vs_manual(rank, world_size, steps):
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_bitwise_equal_to_stock_ddp(world_size):
+def test_naive_bitwise_equal_to_stock_ddp(world_size):
     results = run_ranks(_stock_vs_manual, world_size, 4)
     for rank_record in results:
         for step, grads in enumerate(rank_record):
@@ -51,9 +54,9 @@ def test_bitwise_equal_to_stock_ddp(world_size):
             assert all(torch.equal(x, y) for x, y in zip(a["manual"], b["manual"]))
 
 
-def test_close_to_stock_ddp_at_three_ranks():
+def test_naive_close_to_stock_ddp_at_three_ranks():
     # Three addends: the all_reduce of one flat bucket (stock) and of each parameter
-    # (manual) may add them in another order, so the last bits may differ.
+    # (naive) may add them in another order, so the last bits may differ.
     results = run_ranks(_stock_vs_manual, 3, 4)
     worst = max((s - m).abs().max().item()
                 for rank_record in results for grads in rank_record
@@ -76,10 +79,10 @@ class TiedFrozen(torch.nn.Module):
         return self.head(torch.tanh(self.frozen(torch.tanh(self.embed(x)))))
 
 
-def _full_batch_reference(rank, world_size, steps):
+def _full_batch_reference(rank, world_size, steps, bucketed):
     torch.manual_seed(0)
     single = TiedFrozen().double()
-    ddp = ManualDDP(copy.deepcopy(single))
+    ddp = ManualDDP(copy.deepcopy(single), bucketed=bucketed)
     opt_single = torch.optim.SGD(single.parameters(), lr=0.2)
     opt_ddp = torch.optim.SGD(ddp.parameters(), lr=0.2)
     frozen_before = ddp.module.frozen.weight.clone()
@@ -106,8 +109,8 @@ def _full_batch_reference(rank, world_size, steps):
     return gaps
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_equals_one_process_on_the_full_batch(world_size):
-    results = run_ranks(_full_batch_reference, world_size, 5)
+@pytest.mark.parametrize("world_size,bucketed", [(2, True), (4, True), (4, False)])
+def test_equals_one_process_on_the_full_batch(world_size, bucketed):
+    results = run_ranks(_full_batch_reference, world_size, 5, bucketed)
     for gaps in results:
         assert max(gaps) < 1e-12, gaps  # float64: only summation order separates them
