@@ -4,11 +4,12 @@
     torchrun --nproc_per_node=2 examples/manual_ddp.py
 
 Read the source in this order (README.md gives the sizes): launch, sampler, broadcast,
-ddp, gradtable, diff. Importing minddp needs no process group, so the sampler and
+buckets, ddp, gradtable, diff, checkpoint, bench. Importing minddp needs no process group, so the sampler and
 `python -m minddp.diff` work in a plain Python session.
 """
 
-from .broadcast import broadcast_parameters
+from .broadcast import broadcast_parameters, check_same_model
+from .checkpoint import crash_if_asked, load_checkpoint, save_checkpoint
 from .ddp import ManualDDP
 from .errors import UsageError, exit_on_usage_error
 from .gradtable import GradTable
@@ -17,7 +18,8 @@ from .sampler import ShardSampler, check_batches
 from .toy import NeuralNetwork, ToyDataset, compute_accuracy, toy_datasets
 
 __all__ = [
-    "broadcast_parameters", "ManualDDP", "UsageError", "exit_on_usage_error", "GradTable",
+    "broadcast_parameters", "check_same_model", "crash_if_asked", "load_checkpoint",
+    "save_checkpoint", "ManualDDP", "UsageError", "exit_on_usage_error", "GradTable",
     "DDPEnv", "ddp_setup", "ddp_teardown", "print0", "print_rank", "ShardSampler", "check_batches",
     "NeuralNetwork", "ToyDataset", "compute_accuracy", "toy_datasets",
 ]

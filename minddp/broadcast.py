@@ -12,6 +12,36 @@ one rank only), so stock DDP copies rank 0's state to everyone when it wraps the
 import torch
 import torch.distributed as dist
 
+from .errors import UsageError
+
+
+def check_same_model(module, group=None):
+    """Raise UsageError, on every rank alike, if ranks hold differently shaped models.
+
+    Broadcasting into a tensor of another shape fails deep in the backend, or pairs the
+    wrong tensors and hangs; a list of names and shapes, compared up front, names the
+    culprit instead. Stock DDP checks the same (_verify_param_shape_across_processes).
+    """
+    world_size = dist.get_world_size(group)
+    if world_size == 1:
+        return
+    mine = [(name, tuple(t.shape), str(t.dtype)) for name, t in
+            list(module.named_parameters()) + list(module.named_buffers())]
+    everyone = [None] * world_size
+    # Every rank gets every list, so every rank reaches the same verdict and raises
+    # at the same point: no rank is left waiting in the broadcast below.
+    dist.all_gather_object(everyone, mine, group=group)
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        for i in range(max(len(everyone[0]), len(theirs))):
+            a = everyone[0][i] if i < len(everyone[0]) else ("(none)", (), "")
+            b = theirs[i] if i < len(theirs) else ("(none)", (), "")
+            if a != b:
+                raise UsageError(
+                    f"rank {rank}'s model differs from rank 0's at parameter #{i}:"
+                    f" rank 0 has {a[0]!r} {list(a[1])} {a[2]}, rank {rank} has {b[0]!r} {list(b[1])} {b[2]}",
+                    hint="build the same model on every rank (the same code and arguments;"
+                         " nothing that depends on the rank)", same_on_every_rank=True)
+
 
 @torch.no_grad()
 def broadcast_parameters(module, src=0, group=None):

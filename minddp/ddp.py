@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .broadcast import broadcast_parameters
+from .broadcast import broadcast_parameters, check_same_model
 from .buckets import BucketReducer
 from .errors import UsageError
 
@@ -43,6 +43,7 @@ class ManualDDP(nn.Module):
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.require_backward_grad_sync = True  # stock's flag; no_sync() lowers it
+        check_same_model(module, process_group)  # names the first mismatch, on every rank
         broadcast_parameters(module, src=0, group=process_group)
         # One hook per *distinct* parameter: parameters() lists a tied weight once, and
         # autograd sums all its uses into one .grad before the hook fires, so a tied

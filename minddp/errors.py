@@ -10,6 +10,10 @@ prints two lines and exits with status 2:
     ---> HINT: leave --backend at auto (gloo on CPU), or install a CUDA build of PyTorch
 
 (Under torchrun the agent then adds its own failure report; read the first lines.)
+
+The same context manager turns a *collective that failed* (a peer died, or stopped
+taking part until the process-group timeout ran out, see launch.py) into one line with
+the rank that saw it, and exit status 1, instead of the backend's C++ traceback.
 """
 
 import contextlib
@@ -17,6 +21,13 @@ import os
 import sys
 
 EXIT_USAGE = 2
+EXIT_COLLECTIVE = 1
+
+# How gloo and nccl word "your peer is gone": a dead peer closes its sockets at once; a
+# live one that never joins the collective is noticed when the timeout runs out.
+_COLLECTIVE_FAILURES = ("Timed out", "timed out", "Connection closed by peer",
+                        "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+                        "Watchdog caught collective operation timeout")
 
 
 class UsageError(RuntimeError):
@@ -39,20 +50,44 @@ class UsageError(RuntimeError):
 
 @contextlib.contextmanager
 def exit_on_usage_error():
-    """Turn a UsageError into `error:` + `---> HINT:` lines on stderr and exit status 2."""
+    """UsageError: `error:` + `---> HINT:` lines, exit 2. A failed collective: the same, exit 1."""
     try:
         yield
-    except UsageError as err:
-        rank = int(os.environ.get("RANK", "0"))
-        if rank == 0 or not err.same_on_every_rank:
-            prefix = f"[rank{rank}] " if "RANK" in os.environ and not err.same_on_every_rank else ""
-            print(f"{prefix}error: {err.message}", file=sys.stderr, flush=True)
-            if err.hint:
-                print(f"{prefix}---> HINT: {err.hint}", file=sys.stderr, flush=True)
-        # minddp's checks depend only on the command line, the data and the machine,
-        # so every rank raises at the same point and none is left waiting in a
-        # collective. Leave the group as a clean run would.
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-        sys.exit(EXIT_USAGE)
+    except RuntimeError as err:
+        if isinstance(err, UsageError):
+            _exit_usage(err)
+        text = str(err)
+        if not any(marker in text for marker in _COLLECTIVE_FAILURES):
+            raise
+        _exit_collective(text)
+
+
+def _exit_usage(err):
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0 or not err.same_on_every_rank:
+        prefix = f"[rank{rank}] " if "RANK" in os.environ and not err.same_on_every_rank else ""
+        print(f"{prefix}error: {err.message}", file=sys.stderr, flush=True)
+        if err.hint:
+            print(f"{prefix}---> HINT: {err.hint}", file=sys.stderr, flush=True)
+    # minddp's checks depend only on the command line, the data and the machine,
+    # so every rank raises at the same point and none is left waiting in a
+    # collective. Leave the group as a clean run would.
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    sys.exit(EXIT_USAGE)
+
+
+def _exit_collective(text):
+    rank = int(os.environ.get("RANK", "0"))
+    first = next(line for line in text.splitlines() if line.strip())
+    first = first.split("] ", 1)[-1] if first.startswith("[") else first  # drop the C++ file:line
+    first = first.split(". ", 1)[0]  # the fact, without gloo's boilerplate advice
+    from .launch import timeout_s  # the timeout ddp_setup() gave the process group
+    print(f"[rank{rank}] error: a collective did not complete: {first.strip()}",
+          file=sys.stderr, flush=True)
+    print(f"[rank{rank}] ---> HINT: another rank died or stopped taking part (its own lines above"
+          f" say why); minddp gives up after the process-group timeout, {timeout_s()} s here (--timeout)",
+          file=sys.stderr, flush=True)
+    # No destroy_process_group(): it would talk to the very peer that is gone.
+    sys.exit(EXIT_COLLECTIVE)

@@ -66,20 +66,30 @@ class GradTable:
             grads[name] = _to_numpy(g)
         self.rows.append((len(self.rows), epoch, grads))
 
+    def gather(self):
+        """Collective: every rank's rows, on rank 0 (None elsewhere)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return [self.rows]
+        gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(self.rows, gathered, dst=0)
+        return gathered
+
     def save(self):
         """Collective: every rank calls it; rank 0 writes PATH and PATH.npz."""
         if self.path is None:
             return
-        world_size = dist.get_world_size() if dist.is_initialized() else 1
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        gathered = [None] * world_size if rank == 0 else None
-        if world_size > 1:
-            dist.gather_object(self.rows, gathered, dst=0)
-        else:
-            gathered = [self.rows]
-        if rank == 0:
-            write_table(self.path, gathered)
+        rows_by_rank = self.gather()
+        if rows_by_rank is not None:
+            write_table(self.path, rows_by_rank)
 
+    # For checkpoints (checkpoint.py): rows as tensors, which torch.load(weights_only=True)
+    # accepts; numpy arrays it would refuse.
+    @staticmethod
+    def rows_to_tensors(rows):
+        return [(s, e, {n: torch.from_numpy(a) for n, a in g.items()}) for s, e, g in rows]
+
+    def load_rows(self, tensor_rows):
+        self.rows = [(s, e, {n: t.cpu().numpy() for n, t in g.items()}) for s, e, g in tensor_rows]
 
 def write_table(path, rows_by_rank):
     """rows_by_rank[r] is rank r's list of (step, epoch, {name: array})."""
@@ -103,8 +113,9 @@ def write_table(path, rows_by_rank):
         "script": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
     }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".npz", "wb") as f:
+    with open(path + ".npz.partial", "wb") as f:
         np.savez(f, meta=np.array(json.dumps(meta)), **{"grad/" + n: a for n, a in arrays.items()})
+    os.replace(path + ".npz.partial", path + ".npz")  # a crash mid-write leaves no half table
 
     table = []
     for s in range(steps):

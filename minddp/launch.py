@@ -13,6 +13,7 @@ The lesson's script uses LOCAL_RANK for both, which is right on one machine and 
 on two: both machines would have a "rank 0" that saves.
 """
 
+import datetime
 import os
 import platform
 import sys
@@ -97,11 +98,22 @@ def choose_backend(backend, device, local_rank, local_world_size, world_size,
     return "gloo", "cpu"
 
 
-def ddp_setup(backend="auto", device="auto"):
+DEFAULT_TIMEOUT_S = 120
+_timeout_s = DEFAULT_TIMEOUT_S
+
+
+def timeout_s():
+    """The process-group timeout in force, in seconds."""
+    return _timeout_s
+
+
+def ddp_setup(backend="auto", device="auto", timeout=DEFAULT_TIMEOUT_S):
     """Read torchrun's environment, pick backend and device, start the process group.
 
     Without torchrun (plain `python script.py`) this is a world of one process.
+    `timeout` (seconds) bounds how long a rank waits in a collective for its peers.
     """
+    global _timeout_s
     launched = "WORLD_SIZE" in os.environ  # torchrun sets it for every worker
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -120,13 +132,27 @@ def ddp_setup(backend="auto", device="auto"):
     if windows:
         os.environ["USE_LIBUV"] = "0"  # Windows builds of PyTorch ship the TCP store without libuv
 
+    # torch's default is 10 to 30 minutes (by version and backend): a rank whose peer
+    # died or diverged would sit that long in its collective. The lesson's steps take
+    # milliseconds; two minutes is generous and still fails fast enough to notice.
+    _timeout_s = timeout
+    timeout = datetime.timedelta(seconds=timeout)
     if launched:
-        # torchrun set MASTER_ADDR and MASTER_PORT: every rank meets there (init_method env://).
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
+        # torchrun set MASTER_ADDR and MASTER_PORT: every rank meets there (env://).
+        store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+        # After a restart (torchrun --max-restarts) the workers meet in the same store,
+        # which still holds the dead attempt's entries: gloo would read the old peers'
+        # addresses and fail with "connectFullMesh ... Connection refused" (torch 2.13).
+        # A key prefix per attempt keeps each attempt's entries apart.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"minddp/attempt{attempt}", store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timeout)
     else:
         # One process meets nobody: an in-process store needs no port, so two plain
         # `python` runs never collide on MASTER_PORT.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
     return DDPEnv(rank, local_rank, world_size, backend, device)
 
 

@@ -1,0 +1,212 @@
+"""Failures, end to end: crash and resume, two torchrun agents, the timeout, wrong setups.
+
+    pytest tests/test_faults.py
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from helpers import REPO, run, run_ranks, torchrun
+from minddp import GradTable, ManualDDP, NeuralNetwork, UsageError, load_checkpoint, save_checkpoint
+import minddp.checkpoint
+
+STOCK, MANUAL = REPO / "examples" / "stock_ddp.py", REPO / "examples" / "manual_ddp.py"
+STUCK = REPO / "tests" / "scripts" / "stuck_peer.py"
+
+
+def diff(a, b):
+    return run([sys.executable, "-m", "minddp.diff", str(a), str(b)], timeout=60)
+
+
+def weights(checkpoint):
+    return torch.load(checkpoint, weights_only=True)["model"]
+
+
+@pytest.mark.parametrize("script", [MANUAL, STOCK], ids=["manual", "stock"])
+def test_crash_and_restart_resumes_bit_for_bit(tmp_path, script):
+    # --factor 2: 10 examples, 2 steps per epoch, 6 in all; rank 1 dies as step 4 begins,
+    # in the middle of epoch 2, so the restart replays epoch 2 from the epoch-1 checkpoint.
+    common = ["--factor", "2", "--epochs", "3"]
+    whole = torchrun(2, script, *common, "--checkpoint", tmp_path / "a.pt",
+                     "--grad-table", tmp_path / "a.txt")
+    assert whole.returncode == 0, whole.stderr
+    t0 = time.monotonic()
+    crashed = torchrun(2, script, *common, "--checkpoint", tmp_path / "b.pt", "--grad-table",
+                       tmp_path / "b.txt", "--crash-at-step", "4", launcher=["--max-restarts=1"])
+    elapsed = time.monotonic() - t0
+    assert crashed.returncode == 0, crashed.stderr[-3000:]
+    assert "[rank1] --crash-at-step 4: exiting abruptly" in crashed.stdout
+    assert crashed.stdout.count("world size 2") == 2, "expected a first attempt and one restart"
+    verdict = diff(tmp_path / "b.txt", tmp_path / "a.txt")
+    assert verdict.returncode == 0 and "IDENTICAL" in verdict.stdout, verdict.stdout
+    a, b = weights(tmp_path / "a.pt"), weights(tmp_path / "b.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    print(f"crash + restart + resume: {elapsed:.1f} s")
+
+
+def test_interrupted_save_leaves_the_old_checkpoint_whole(tmp_path, monkeypatch):
+    path = str(tmp_path / "ck.pt")
+    model = NeuralNetwork(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    table = GradTable(model, None)
+    save_checkpoint(path, model, optimizer, epoch=0, step=1, grad_table=table)
+    before, saved_weight = open(path, "rb").read(), model.layers[0].weight.clone()
+
+    def dies_mid_write(obj, f):
+        with open(f, "wb") as out:
+            out.write(b"PK\x03\x04 half a checkpoint")  # then the process is gone
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(minddp.checkpoint.torch, "save", dies_mid_write)
+    with torch.no_grad():
+        model.layers[0].weight.add_(1.0)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, model, optimizer, epoch=1, step=2, grad_table=table)
+    monkeypatch.undo()
+    assert open(path, "rb").read() == before
+    fresh = NeuralNetwork(2, 2)
+    epoch, step = load_checkpoint(path, fresh, torch.optim.SGD(fresh.parameters(), lr=0.5,
+                                                                 momentum=0.9), table, "cpu")
+    assert (epoch, step) == (1, 1)
+    assert torch.equal(fresh.layers[0].weight, saved_weight)
+
+
+def test_damaged_checkpoint_is_one_clear_error(tmp_path):
+    path = tmp_path / "ck.pt"
+    path.write_bytes(b"not a checkpoint")
+    model = NeuralNetwork(2, 2)
+    with pytest.raises(UsageError, match="not a minddp checkpoint"):
+        load_checkpoint(str(path), model, torch.optim.SGD(model.parameters(), lr=0.1),
+                        GradTable(model, None), "cpu")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_agents(rendezvous, table, timeout=90):
+    """Two torchrun agents on this machine, one process each: a 2-node job in miniature."""
+    procs = []
+    for node_rank in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+               *rendezvous(node_rank), str(MANUAL), "--grad-table", str(table)]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True))
+    deadline = time.monotonic() + timeout
+    outputs = []
+    for p in procs:
+        try:
+            outputs.append(p.communicate(timeout=max(1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                os.killpg(q.pid, 9)
+            raise AssertionError(f"two-agent run still going after {timeout}s (a hang?)")
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
+
+
+@pytest.fixture(scope="module")
+def one_agent_table(tmp_path_factory):
+    table = tmp_path_factory.mktemp("one") / "one.txt"
+    one = torchrun(2, MANUAL, "--grad-table", table)
+    assert one.returncode == 0, one.stderr
+    return table
+
+
+@pytest.mark.parametrize("how", ["static", "c10d"])
+def test_two_agents_equal_one_agent(tmp_path, one_agent_table, how):
+    port = _free_port()
+    if how == "static":  # node 0 hosts the store at MASTER_ADDR:MASTER_PORT
+        rendezvous = lambda node: [f"--node-rank={node}", "--master-addr=127.0.0.1",
+                                   f"--master-port={port}"]
+    else:  # c10d rendezvous: the agents agree on ranks themselves
+        rendezvous = lambda node: ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                                   "--rdzv-id=minddp-test"]
+    for code, out, err in _two_agents(rendezvous, tmp_path / "two.txt"):
+        assert code == 0, err[-3000:]
+    verdict = diff(tmp_path / "two.txt", one_agent_table)
+    assert verdict.returncode == 0 and "IDENTICAL" in verdict.stdout, verdict.stdout
+
+
+def test_stuck_peer_fails_within_the_timeout():
+    # Rank 1 is alive but never joins the all_reduce (a diverged rank): rank 0 must give
+    # up after the 3 s process-group timeout with one clear line, not after 30 minutes.
+    t0 = time.monotonic()
+    result = torchrun(2, STUCK, "--timeout", "3", timeout=60)
+    elapsed = time.monotonic() - t0
+    assert result.returncode != 0
+    assert "[rank0] error: a collective did not complete: Timed out" in result.stderr, result.stderr
+    assert "process-group timeout, 3.0 s here (--timeout)" in result.stderr
+    assert elapsed < 20, f"took {elapsed:.1f} s"
+    print(f"stuck peer: failed after {elapsed:.1f} s (timeout 3 s, startup included)")
+
+
+def test_crash_step_out_of_range_is_refused():
+    result = run([sys.executable, str(MANUAL), "--crash-at-step", "9"], timeout=60)
+    assert result.returncode == 2
+    assert "error: --crash-at-step 9 is never reached: this run takes 6 optimizer steps" in result.stderr
+
+
+def test_two_plain_python_runs_at_once_need_no_port():
+    cmd = [sys.executable, str(MANUAL), "--epochs", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_PORT="1")  # a port nobody could use
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        assert "Test accuracy" in out
+
+
+def _mismatched_models(rank, world_size):
+    hidden = 30 if rank == 0 else 31  # e.g. a width computed from something rank-dependent
+    model = torch.nn.Sequential(torch.nn.Linear(2, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 2))
+    try:
+        ManualDDP(model)
+    except UsageError as err:
+        return str(err)
+
+
+def test_models_that_differ_are_named_on_every_rank():
+    messages = run_ranks(_mismatched_models, 2)
+    assert messages[0] == messages[1]  # every rank reaches the same verdict: nobody waits
+    assert messages[0].startswith("rank 1's model differs from rank 0's at parameter #0:"
+                                  " rank 0 has '0.weight' [30, 2] torch.float32,"
+                                  " rank 1 has '0.weight' [31, 2] torch.float32")
+
+
+class TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.head, self.spare_head = (torch.nn.Linear(2, 2) for _ in range(3))
+
+    def forward(self, x):
+        return self.head(self.body(x))  # spare_head is never used
+
+
+def _unused_parameter(rank, world_size):
+    messages = []
+    for bucketed in (True, False):
+        model = ManualDDP(TwoHeads(), bucketed=bucketed)
+        try:
+            model(torch.ones(1, 2)).sum().backward()
+        except UsageError as err:
+            messages.append(str(err))
+    return messages
+
+
+def test_a_parameter_without_gradient_is_named():
+    for messages in run_ranks(_unused_parameter, 2):
+        assert len(messages) == 2  # bucketed and naive, both raise instead of hanging
+        for m in messages:
+            assert m.startswith("parameter 'spare_head.weight' requires grad but got no gradient"
+                                " in this backward (and 1 more)"), m
+            assert "requires_grad_(False)" in m
