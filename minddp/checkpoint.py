@@ -62,14 +62,16 @@ def load_checkpoint(path, model, optimizer, grad_table, device):
     """
     if path is None or not os.path.exists(path):
         return 0, 0
+    hint = "delete or move it to start afresh"
     try:
         state = torch.load(path, map_location=device, weights_only=True)
-        ok = state.get("format") == FORMAT
     except Exception as err:  # truncated, not a torch file, unpickling refused
-        ok, state = False, err
-    if not ok:
-        raise UsageError(f"cannot resume from {path}: not a minddp checkpoint ({state!s:.120})",
-                         hint="delete or move it to start afresh", same_on_every_rank=True)
+        first = (str(err).strip().splitlines() or [""])[0][:100]
+        raise UsageError(f"cannot resume from {path}: not a minddp checkpoint"
+                         f" ({type(err).__name__}: {first})", hint=hint, same_on_every_rank=True)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UsageError(f"cannot resume from {path}: not a minddp checkpoint (no {FORMAT!r} in it)",
+                         hint=hint, same_on_every_rank=True)
     model.load_state_dict(state["model"])  # every name and shape must match, or it says which
     optimizer.load_state_dict(state["optimizer"])
     world_size = dist.get_world_size() if dist.is_initialized() else 1

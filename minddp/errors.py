@@ -89,5 +89,8 @@ def _exit_collective(text):
     print(f"[rank{rank}] ---> HINT: another rank died or stopped taking part (its own lines above"
           f" say why); minddp gives up after the process-group timeout, {timeout_s()} s here (--timeout)",
           file=sys.stderr, flush=True)
-    # No destroy_process_group(): it would talk to the very peer that is gone.
-    sys.exit(EXIT_COLLECTIVE)
+    # The group is broken: no destroy_process_group() (it may wait for the peer that is
+    # gone), and no interpreter teardown either, whose C++ destructors would meet the
+    # group's still-running threads and abort ("terminate called ...", SIGABRT).
+    sys.stdout.flush()
+    os._exit(EXIT_COLLECTIVE)
