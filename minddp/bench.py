@@ -1,0 +1,187 @@
+"""Benchmark: step time of no sync, naive and bucketed ManualDDP, and stock DDP, side by side.
+
+    python -m minddp.bench                                   # 1 and 2 gloo ranks, started here
+    python -m minddp.bench --world-sizes 2 --sizes 0.3M 4M   # a subset
+    torchrun --nproc_per_node=2 -m minddp.bench               # under torchrun: its world size
+    python -m minddp.bench --device cuda --backend nccl --world-sizes 1
+
+One "step" is what a training loop does per batch: zero_grad, forward, loss, backward
+(which, with a DDP wrapper, includes averaging the gradients), optimizer.step(). The
+contenders are timed in one run, on the same machine, one step each per round, in a
+shuffled order, so a slow minute (another process, a thermal dip) hits all of them alike. A step's time is
+the slowest rank's (the job waits for it); each contender's figure is the median over
+its timed steps, reported as a ratio to stock DDP's median: below 1.00x is faster.
+"""
+
+import argparse
+import copy
+import os
+import random
+import statistics
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from tabulate import tabulate
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .ddp import ManualDDP
+
+SIZES = {"0.3M": (256, 4), "4M": (1024, 4), "17M": (2048, 4)}  # name: (width, layers)
+CONTENDERS = ["no sync", "naive", "bucketed", "stock"]
+
+
+def mlp(width, layers):
+    """`layers` square Linear layers with ReLU between, then a 10-way head."""
+    blocks = []
+    for _ in range(layers):
+        blocks += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*blocks, torch.nn.Linear(width, 10))
+
+
+def wrap(contender, module, device):
+    if contender == "no sync":
+        return module  # each rank trains alone: the compute-only floor
+    if contender == "naive":
+        return ManualDDP(module, bucketed=False)
+    if contender == "bucketed":
+        return ManualDDP(module)
+    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def all_reduce_calls(contender, model, world_size):
+    if world_size == 1 or contender == "no sync":
+        return 0
+    if contender == "naive":
+        return sum(p.requires_grad for p in model.parameters())
+    if contender == "bucketed":
+        return len(model.reducer.buckets)
+    # Stock's reducer keeps its buckets in C++; its layout equals ManualDDP's bucketed
+    # one (tests/test_buckets.py checks it through a comm hook), so its count is the same.
+    return None
+
+
+def time_steps(model, optimizer, batches, device, world_size):
+    """Seconds per step for each batch, on this rank."""
+    times = []
+    for x, y in batches:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if world_size > 1:
+            # Start every step together: otherwise a rank that finished early waits
+            # inside the next step's all_reduce, and that wait lands on another contender.
+            dist.barrier()
+        t0 = time.perf_counter()
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the GPU runs behind the Python that launches it
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def bench_size(size, args, rank, world_size, device):
+    width, layers = SIZES[size]
+    torch.manual_seed(0)
+    base = mlp(width, layers).to(device)
+    contenders = args.contenders
+    models = {c: wrap(c, copy.deepcopy(base), device) for c in contenders}  # same start for all
+    optimizers = {c: torch.optim.SGD(m.parameters(), lr=1e-3) for c, m in models.items()}
+    g = torch.Generator().manual_seed(rank)
+    batches = [(torch.randn(args.batch, width, generator=g).to(device),
+                torch.randint(0, 10, (args.batch,), generator=g).to(device))
+               for _ in range(args.steps)]
+    for c in contenders:  # warm-up: allocations, and the buckets' rebuild after step one
+        time_steps(models[c], optimizers[c], batches[:args.warmup], device, world_size)
+    samples = {c: [] for c in contenders}
+    for r in range(args.rounds):
+        # A fresh order each round (the same on every rank: same seed): each contender
+        # runs first, last, and after each of the others alike. A fixed rotation would
+        # always put the same contender after the naive one and its ten small collectives.
+        order = random.Random(r).sample(contenders, len(contenders))
+        for c in order:
+            times = torch.tensor(time_steps(models[c], optimizers[c], batches, device, world_size))
+            if world_size > 1:
+                dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+            samples[c] += times.tolist()
+    params = sum(p.numel() for p in base.parameters())
+    grad_mb = sum(p.numel() * p.element_size() for p in base.parameters()) / 2**20
+    stock = statistics.median(samples["stock"])
+    rows = []
+    for c in contenders:
+        median = statistics.median(samples[c])
+        synced = world_size > 1 and c != "no sync"
+        calls = all_reduce_calls(c, models[c], world_size)
+        rows.append([world_size, size, f"{params / 1e6:.2f}M", c, f"{median * 1e3:.2f}",
+                     f"{median / stock:.2f}x", f"{grad_mb if synced else 0:.1f}",
+                     "=bucketed" if calls is None else calls])
+    return rows
+
+
+def run_rank(rank, world_size, args, store_file=None):
+    """One rank's whole benchmark; returns the table rows on rank 0."""
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world_size))
+    device = torch.device(args.device if args.device != "cuda" else f"cuda:{rank % torch.cuda.device_count()}")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if store_file is None:  # under torchrun
+        dist.init_process_group(args.backend)
+    else:
+        dist.init_process_group(args.backend, init_method=f"file://{store_file}",
+                                rank=rank, world_size=world_size)
+    try:
+        rows = [row for size in args.sizes for row in bench_size(size, args, rank, world_size, device)]
+    finally:
+        dist.destroy_process_group()
+    return rows
+
+
+def _spawned(rank, world_size, args, store_file, out_file):
+    rows = run_rank(rank, world_size, args, store_file)
+    if rank == 0:
+        torch.save(rows, out_file)
+
+
+HEADERS = ["ranks", "model", "params", "contender", "median ms/step", "vs stock",
+           "MB all-reduced/step", "all_reduce calls/step"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
+    parser.add_argument("--world-sizes", nargs="+", type=int, default=[1, 2],
+                        help="started here, one after another (ignored under torchrun)")
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--batch", type=int, default=64, help="rows per step and rank")
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per contender per round")
+    parser.add_argument("--rounds", type=int, default=60, help="rounds of alternating contenders")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per contender first")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
+    parser.add_argument("--format", default="simple", help="tabulate format, e.g. github for docs")
+    args = parser.parse_args()
+
+    if "WORLD_SIZE" in os.environ:  # torchrun started us: one world size, ours
+        rows = run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+        if int(os.environ["RANK"]) != 0:
+            return
+    else:
+        rows = []
+        for world_size in args.world_sizes:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = os.path.join(tmp, "rows.pt")
+                mp.start_processes(_spawned, args=(world_size, args, os.path.join(tmp, "store"), out),
+                                   nprocs=world_size, start_method="spawn")
+                rows += torch.load(out, weights_only=False)
+    print(f"torch {torch.__version__} | {args.backend} on {args.device} | batch {args.batch}"
+          f" | {args.rounds} rounds x {args.steps} steps per contender | {os.cpu_count()} CPUs")
+    print(tabulate(rows, headers=HEADERS, tablefmt=args.format, disable_numparse=True))
+
+
+if __name__ == "__main__":
+    main()
