@@ -123,7 +123,7 @@ def _full_batch_reference(rank, world_size, steps, bucketed):
     return gaps
 
 
-@pytest.mark.parametrize("world_size,bucketed", [(2, True), (4, True), (4, False)])
+@pytest.mark.parametrize("world_size,bucketed", [(2, True), (4, False)])
 def test_equals_one_process_on_the_full_batch(world_size, bucketed):
     results = run_ranks(_full_batch_reference, world_size, 5, bucketed)
     for gaps in results:

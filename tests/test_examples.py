@@ -63,6 +63,16 @@ def test_three_processes_identical_too(launch):
     assert "verdict: IDENTICAL" in verdict.stdout
 
 
+def test_gradient_accumulation_matches_stock(launch):
+    # 20 examples, 2 ranks: 5 micro-batches per rank and epoch, K=2 -> steps of 2, 2 and 1
+    # micro-batches, 3 steps per epoch, the first micro-batch of each under no_sync().
+    args = ("--factor", "4", "--accumulate", "2")
+    (_, stock), (_, manual) = launch(STOCK, 2, *args), launch(MANUAL, 2, *args)
+    verdict = diff(manual, stock)
+    assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stdout
+    assert "world size 2, 9 steps, 6 parameters" in verdict.stdout
+
+
 def test_diff_finds_a_run_with_another_seed(launch):
     (_, stock), (_, other) = launch(STOCK, 2), launch(MANUAL, 2, "--seed", "7")
     verdict = diff(other, stock)
