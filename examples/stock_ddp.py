@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from minddp import (GradTable, NeuralNetwork, UsageError, check_batches, compute_accuracy,
+from minddp import (GradTable, NeuralNetwork, check_batches, check_crash_step, compute_accuracy,
                     crash_if_asked, ddp_setup, ddp_teardown, exit_on_usage_error,
                     load_checkpoint, print0, print_rank, save_checkpoint, toy_datasets)
 from torch.utils.data.distributed import DistributedSampler
@@ -39,7 +39,8 @@ def main(args):
         sampler=DistributedSampler(train_ds))  # this rank's shard of every epoch
     test_loader = DataLoader(dataset=test_ds, batch_size=2, shuffle=False)
     check_batches(train_loader, env.world_size)
-    check_crash_step(args, len(train_loader), env.world_size)
+    steps_per_epoch = math.ceil(len(train_loader) / args.accumulate)  # optimizer steps
+    check_crash_step(args.crash_at_step, args.epochs * steps_per_epoch)
 
     model = NeuralNetwork(num_inputs=2, num_outputs=2).to(env.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -79,16 +80,6 @@ def main(args):
     print0(f"Test accuracy {test_acc}")
     grad_table.save()  # collective: rank 0 gathers every rank's rows and writes the file
     ddp_teardown()
-
-
-def check_crash_step(args, batches_per_epoch, world_size):
-    total = args.epochs * math.ceil(batches_per_epoch / args.accumulate)
-    if args.crash_at_step is not None and not 1 <= args.crash_at_step <= total:
-        raise UsageError(f"--crash-at-step {args.crash_at_step} is never reached: this run takes"
-                         f" {total} optimizer steps", hint=f"choose a step from 1 to {total}",
-                         same_on_every_rank=True)
-    if args.crash_rank is None:
-        args.crash_rank = world_size - 1  # the last rank: rank 0 survives to tell the story
 
 
 def parse_args():

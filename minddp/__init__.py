@@ -9,7 +9,7 @@ buckets, ddp, gradtable, diff, checkpoint, bench. Importing minddp needs no proc
 """
 
 from .broadcast import broadcast_parameters, check_same_model
-from .checkpoint import crash_if_asked, load_checkpoint, save_checkpoint
+from .checkpoint import check_crash_step, crash_if_asked, load_checkpoint, save_checkpoint
 from .ddp import ManualDDP
 from .errors import UsageError, exit_on_usage_error
 from .gradtable import GradTable
@@ -18,7 +18,7 @@ from .sampler import ShardSampler, check_batches
 from .toy import NeuralNetwork, ToyDataset, compute_accuracy, toy_datasets
 
 __all__ = [
-    "broadcast_parameters", "check_same_model", "crash_if_asked", "load_checkpoint",
+    "broadcast_parameters", "check_same_model", "check_crash_step", "crash_if_asked", "load_checkpoint",
     "save_checkpoint", "ManualDDP", "UsageError", "exit_on_usage_error", "GradTable",
     "DDPEnv", "ddp_setup", "ddp_teardown", "print0", "print_rank", "ShardSampler", "check_batches",
     "NeuralNetwork", "ToyDataset", "compute_accuracy", "toy_datasets",

@@ -87,13 +87,25 @@ def load_checkpoint(path, model, optimizer, grad_table, device):
     return state["epoch"], state["step"]
 
 
-def crash_if_asked(step, crash_at_step, crash_rank):
+def check_crash_step(crash_at_step, total_steps):
+    """Refuse, before training, a --crash-at-step that the run would never reach."""
+    if crash_at_step is not None and not 1 <= crash_at_step <= total_steps:
+        raise UsageError(f"--crash-at-step {crash_at_step} is never reached: this run takes"
+                         f" {total_steps} optimizer steps", hint=f"choose a step from 1 to {total_steps}",
+                         same_on_every_rank=True)
+
+
+def crash_if_asked(step, crash_at_step, crash_rank=None):
     """The lesson's fault injection: die abruptly as optimizer step `crash_at_step` begins.
 
-    `step` counts from 1. Only on the first attempt: torchrun sets
-    TORCHELASTIC_RESTART_COUNT, and a restarted worker must not crash again.
+    `step` counts from 1; `crash_rank` defaults to the last rank, so rank 0 survives to
+    report. Only on the first attempt: torchrun sets TORCHELASTIC_RESTART_COUNT, and a
+    restarted worker must not crash again.
     """
-    if crash_at_step is None or step != crash_at_step or get_rank() != crash_rank:
+    if crash_at_step is None or step != crash_at_step:
+        return
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    if get_rank() != (world_size - 1 if crash_rank is None else crash_rank):
         return
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return
