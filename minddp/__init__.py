@@ -4,8 +4,8 @@
     torchrun --nproc_per_node=2 examples/manual_ddp.py
 
 Read the source in this order (README.md gives the sizes): launch, sampler, broadcast,
-buckets, ddp, gradtable, diff, checkpoint, bench. Importing minddp needs no process group, so the sampler and
-`python -m minddp.diff` work in a plain Python session.
+ddp, buckets, gradtable, diff, checkpoint, errors, bench. Importing minddp needs no process
+group, so the sampler and `python -m minddp.diff` work in a plain Python session.
 """
 
 from .broadcast import broadcast_parameters, check_same_model

@@ -104,12 +104,18 @@ def run(cmd, timeout=120, env=None):
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def torchrun(nproc, script, *args, timeout=120, launcher=()):
-    """`torchrun --standalone --nproc_per_node=N [launcher] script args`: --standalone picks a free port."""
+def torchrun(nproc, script, *args, timeout=120, launcher=(), fresh=()):
+    """`torchrun --standalone --nproc_per_node=N [launcher] script args`: --standalone picks a free port.
+
+    `fresh`: files the run creates and would read back if they existed (a checkpoint);
+    they are removed before a repeated run, so it starts from scratch like the first.
+    """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", *launcher, str(script), *map(str, args)]
     result = run(cmd, timeout=timeout)
     if result.returncode != 0 and TEARDOWN_ABORT in result.stderr:
         warnings.warn(f"repeating a run whose worker aborted at exit: {' '.join(cmd[3:])}")
+        for path in fresh:
+            Path(path).unlink(missing_ok=True)
         result = run(cmd, timeout=timeout)
     return result

@@ -34,11 +34,12 @@ def test_crash_and_restart_resumes_bit_for_bit(tmp_path, script):
     # in the middle of epoch 2, so the restart replays epoch 2 from the epoch-1 checkpoint.
     common = ["--factor", "2", "--epochs", "3"]
     whole = torchrun(2, script, *common, "--checkpoint", tmp_path / "a.pt",
-                     "--grad-table", tmp_path / "a.txt")
+                     "--grad-table", tmp_path / "a.txt", fresh=[tmp_path / "a.pt"])
     assert whole.returncode == 0, whole.stderr
     t0 = time.monotonic()
     crashed = torchrun(2, script, *common, "--checkpoint", tmp_path / "b.pt", "--grad-table",
-                       tmp_path / "b.txt", "--crash-at-step", "4", launcher=["--max-restarts=1"])
+                       tmp_path / "b.txt", "--crash-at-step", "4", launcher=["--max-restarts=1"],
+                       fresh=[tmp_path / "b.pt"])
     elapsed = time.monotonic() - t0
     assert crashed.returncode == 0, crashed.stderr[-3000:]
     assert "[rank1] --crash-at-step 4: exiting abruptly" in crashed.stdout
