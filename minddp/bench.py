@@ -30,6 +30,7 @@ from tabulate import tabulate
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .ddp import ManualDDP
+from .launch import import_dynamo_first
 
 SIZES = {"0.3M": (256, 4), "4M": (1024, 4), "17M": (2048, 4)}  # name: (width, layers)
 CONTENDERS = ["no sync", "naive", "bucketed", "stock"]
@@ -129,6 +130,7 @@ def run_rank(rank, world_size, args, store_file=None):
     device = torch.device(args.device if args.device != "cuda" else f"cuda:{rank % torch.cuda.device_count()}")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    import_dynamo_first()  # before the group: see launch.py
     if store_file is None:  # under torchrun
         dist.init_process_group(args.backend)
     else:

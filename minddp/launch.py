@@ -98,6 +98,16 @@ def choose_backend(backend, device, local_rank, local_world_size, world_size,
     return "gloo", "cpu"
 
 
+def import_dynamo_first():
+    """Import torch._dynamo now, before a process group exists (see the comment inside)."""
+    # torch 2.13: importing torch._dynamo while a process group exists keeps a reference
+    # to the group after destroy_process_group(), so its gloo threads keep running, and
+    # the interpreter's exit then now and then aborts ("terminate called without an
+    # active exception", SIGABRT). torch.optim imports it when the first optimizer is
+    # built, after ddp_setup(); importing it before the group avoids that.
+    import torch._dynamo  # noqa: F401
+
+
 DEFAULT_TIMEOUT_S = 120
 _timeout_s = DEFAULT_TIMEOUT_S
 
@@ -137,6 +147,7 @@ def ddp_setup(backend="auto", device="auto", timeout=DEFAULT_TIMEOUT_S):
     # milliseconds; two minutes is generous and still fails fast enough to notice.
     _timeout_s = timeout
     timeout = datetime.timedelta(seconds=timeout)
+    import_dynamo_first()
     if launched:
         # torchrun set MASTER_ADDR and MASTER_PORT: every rank meets there (env://).
         store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from minddp.launch import import_dynamo_first
+
 REPO = Path(__file__).resolve().parent.parent
 # Two cores here: one intra-op thread per rank keeps ranks from fighting over them.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -27,6 +29,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def _entry(fn, rank, world_size, store_file, out_dir, args):
     try:
         torch.set_num_threads(1)
+        import_dynamo_first()  # before the group, or the group outlives its destroy (launch.py)
         # A file store: no TCP port, so concurrent test runs never collide.
         dist.init_process_group("gloo", init_method=f"file://{store_file}",
                                 rank=rank, world_size=world_size)
