@@ -106,7 +106,7 @@ class BucketReducer:
 
     def rebuild_buckets(self):
         """Once, before the second synced forward: buckets in gradient-arrival order."""
-        if self.has_rebuilt_buckets or len(self.ready_order) != len(self.params):
+        if self.has_rebuilt_buckets or not self.params or len(self.ready_order) != len(self.params):
             return
         order = torch.tensor(self.ready_order, device=self.params[0].device)
         if self.world_size > 1:
