@@ -18,7 +18,6 @@ import copy
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 
@@ -30,7 +29,9 @@ from tabulate import tabulate
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .ddp import ManualDDP
-from .launch import import_dynamo_first
+from .launch import ddp_teardown
+from .naive import NaiveDDP
+from .workarounds import import_dynamo_first
 
 SIZES = {"0.3M": (256, 4), "4M": (1024, 4), "17M": (2048, 4)}  # name: (width, layers)
 CONTENDERS = ["no sync", "naive", "bucketed", "stock"]
@@ -48,7 +49,7 @@ def wrap(contender, module, device):
     if contender == "no sync":
         return module  # each rank trains alone: the compute-only floor
     if contender == "naive":
-        return ManualDDP(module, bucketed=False)
+        return NaiveDDP(module)
     if contender == "bucketed":
         return ManualDDP(module)
     return DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
@@ -143,8 +144,7 @@ def _spawned(rank, world_size, args, store_file, out_file):
     rows = run_rank(rank, world_size, args, store_file)
     if rank == 0:
         torch.save(rows, out_file)
-    dist.barrier()  # nobody exits before the rows are on disk
-    dist.destroy_process_group()
+    ddp_teardown()  # the models died with bench_size()'s frames: the group is the last to go
 
 
 HEADERS = ["ranks", "model", "params", "contender", "median ms/step", "vs stock",
@@ -169,7 +169,7 @@ def main():
 
     if "WORLD_SIZE" in os.environ:  # torchrun started us: one world size, ours
         rows = run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
-        dist.destroy_process_group()
+        ddp_teardown()
         if int(os.environ["RANK"]) != 0:
             return
     else:
@@ -177,15 +177,8 @@ def main():
         for world_size in args.world_sizes:
             with tempfile.TemporaryDirectory() as tmp:
                 out = os.path.join(tmp, "rows.pt")
-                try:
-                    mp.start_processes(_spawned, args=(world_size, args, os.path.join(tmp, "store"), out),
-                                       nprocs=world_size, start_method="spawn")
-                except mp.ProcessExitedException as err:
-                    # torch 2.13's rare gloo abort at interpreter exit (README, "a known wart"):
-                    # harmless once rank 0 has written the rows, fatal otherwise.
-                    if not os.path.exists(out) or err.signal_name != "SIGABRT":
-                        raise
-                    print(f"note: {err}, after the results were written", file=sys.stderr)
+                mp.start_processes(_spawned, args=(world_size, args, os.path.join(tmp, "store"), out),
+                                   nprocs=world_size, start_method="spawn")
                 rows += torch.load(out, weights_only=False)
     print(f"torch {torch.__version__} | {args.backend} on {args.device} | batch {args.batch}"
           f" | {args.rounds} rounds x {args.steps} steps per contender | {os.cpu_count()} CPUs")

@@ -1,7 +1,7 @@
-"""Checkpoints, and a crash on purpose: what lets torchrun restart a job that lost a rank.
+"""Checkpoints: what lets torchrun restart a job that lost a rank, and resume bit for bit.
 
-    torchrun --nproc_per_node=2 --max-restarts=1 examples/manual_ddp.py \
-        --checkpoint ck.pt --crash-at-step 3 --grad-table t.txt
+    torchrun --nproc_per_node=2 --max-restarts=1 examples/restart.py \\
+        --checkpoint runs/ck.pt --crash-at-step 3 --grad-table runs/t.txt
 
 When one worker dies, torchrun's agent stops the others and, if --max-restarts allows,
 starts every worker again from the top of the script. Nothing survives in memory, so the
@@ -13,39 +13,33 @@ Exact resumption needs everything the remaining steps read: the weights, the opt
 state (SGD's momentum buffers, Adam's moments), where to go on (the next epoch, the
 global step), and here the gradient table's rows so far. The data order needs nothing:
 the sampler shuffles with seed + epoch, so epoch 3 is epoch 3 whether or not we crashed.
+Anything with PyTorch's `state_dict()` / `load_state_dict()` can be saved alongside.
 """
 
 import os
 
 import torch
-import torch.distributed as dist
 
 from .errors import UsageError
-from .gradtable import GradTable
-from .launch import get_rank
+from .launch import get_rank, print0
 
-FORMAT = "minddp-checkpoint/1"
+FORMAT = "minddp-checkpoint/2"
 
 
-def save_checkpoint(path, model, optimizer, epoch, step, grad_table):
-    """Collective (the table rows are gathered): rank 0 writes PATH, atomically."""
+def save_checkpoint(path, epoch, step, **stateful):
+    """Collective: call on every rank. Rank 0 writes PATH atomically.
+
+    `stateful`: name=object pairs, each saved through its state_dict() (the model, the
+    optimizer, a GradTable, whose state_dict() is itself a collective).
+    """
     if path is None:
         return
-    rows_by_rank = grad_table.gather() if grad_table.path else None
+    states = {name: obj.state_dict() for name, obj in stateful.items()}
     if get_rank() != 0:
         # Global rank 0 only: one writer per job. Local rank 0 would be one per node,
         # and on a shared file system they would overwrite each other's file.
         return
-    state = {
-        "format": FORMAT,
-        "model": getattr(model, "module", model).state_dict(),  # unwrapped: loads without DDP
-        "optimizer": optimizer.state_dict(),
-        "epoch": epoch + 1,  # the epoch to start from on resume
-        "step": step,  # optimizer steps taken so far, over all epochs
-        "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-        "grad_table": None if rows_by_rank is None else
-        [GradTable.rows_to_tensors(rows) for rows in rows_by_rank],
-    }
+    state = {"format": FORMAT, "epoch": epoch + 1, "step": step, "state": states}
     # Write aside, then rename: os.replace is atomic, so a crash in the middle of the
     # write leaves the previous checkpoint whole, never half of a new one.
     partial = f"{path}.partial"
@@ -53,12 +47,12 @@ def save_checkpoint(path, model, optimizer, epoch, step, grad_table):
     os.replace(partial, path)
 
 
-def load_checkpoint(path, model, optimizer, grad_table, device):
+def load_checkpoint(path, device, **stateful):
     """Resume from PATH if it exists; return (first epoch, steps taken), (0, 0) without one.
 
-    Call it on the unwrapped model, on every rank: each rank reads the file itself and
-    maps the tensors to its own device (a checkpoint saved from cuda:0 must not land
-    every rank's copy on GPU 0).
+    Call it on every rank, before wrapping the model: each rank reads the file itself
+    and maps the tensors to its own device (a checkpoint saved from cuda:0 must not land
+    every rank's copy on GPU 0). The model must be the unwrapped module.
     """
     if path is None or not os.path.exists(path):
         return 0, 0
@@ -72,43 +66,9 @@ def load_checkpoint(path, model, optimizer, grad_table, device):
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UsageError(f"cannot resume from {path}: not a minddp checkpoint (no {FORMAT!r} in it)",
                          hint=hint, same_on_every_rank=True)
-    model.load_state_dict(state["model"])  # every name and shape must match, or it says which
-    optimizer.load_state_dict(state["optimizer"])
-    world_size = dist.get_world_size() if dist.is_initialized() else 1
-    if grad_table.path:
-        if state["grad_table"] is None or state["world_size"] != world_size:
-            raise UsageError(
-                f"cannot continue the gradient table from {path}: it was saved at world size"
-                f" {state['world_size']} {'without' if state['grad_table'] is None else 'with'}"
-                f" a table, this run has world size {world_size}",
-                hint="resume with the same --nproc_per_node and --grad-table, or start afresh",
-                same_on_every_rank=True)
-        grad_table.load_rows(state["grad_table"][get_rank()])
+    for name, obj in stateful.items():
+        obj.load_state_dict(state["state"][name])  # names and shapes must match, or it says which
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    print0(f"resuming from {path}: epoch {state['epoch'] + 1}, after step {state['step']}"
+           f" (torchrun attempt {attempt})")
     return state["epoch"], state["step"]
-
-
-def check_crash_step(crash_at_step, total_steps):
-    """Refuse, before training, a --crash-at-step that the run would never reach."""
-    if crash_at_step is not None and not 1 <= crash_at_step <= total_steps:
-        raise UsageError(f"--crash-at-step {crash_at_step} is never reached: this run takes"
-                         f" {total_steps} optimizer steps", hint=f"choose a step from 1 to {total_steps}",
-                         same_on_every_rank=True)
-
-
-def crash_if_asked(step, crash_at_step, crash_rank=None):
-    """The lesson's fault injection: die abruptly as optimizer step `crash_at_step` begins.
-
-    `step` counts from 1; `crash_rank` defaults to the last rank, so rank 0 survives to
-    report. Only on the first attempt: torchrun sets TORCHELASTIC_RESTART_COUNT, and a
-    restarted worker must not crash again.
-    """
-    if crash_at_step is None or step != crash_at_step:
-        return
-    world_size = dist.get_world_size() if dist.is_initialized() else 1
-    if get_rank() != (world_size - 1 if crash_rank is None else crash_rank):
-        return
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-        return
-    print(f"[rank{get_rank()}] --crash-at-step {step}: exiting abruptly", flush=True)
-    # os._exit: no cleanup, no exception handlers, no atexit, like a killed process.
-    os._exit(17)

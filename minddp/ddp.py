@@ -1,120 +1,38 @@
-"""ManualDDP: DistributedDataParallel rebuilt from a broadcast and an all_reduce hook.
+"""ManualDDP: stock DistributedDataParallel by hand, with buckets that overlap backward.
 
     torchrun --nproc_per_node=2 examples/manual_ddp.py
 
-Its contract is stock DDP's: wrap the model, train with the usual loop, and when
-`loss.backward()` returns, every parameter's `.grad` holds the *average* of that
-gradient over all ranks. Each rank then takes the same optimizer step from the same
-weights, so the replicas stay identical without ever sending a weight again.
+The contract and the moves are NaiveDDP's (naive.py: broadcast at construction, a hook
+per parameter, forward untouched); read that first. What changes is step 2, how the
+gradients travel. Instead of one blocking all_reduce per parameter, each hook copies
+its gradient into a flat bucket, and a full bucket is all-reduced *asynchronously*
+while autograd goes on computing the gradients of the layers below (buckets.py). At
+the end of backward every bucket is waited for and the averages are copied back.
 
-How, in three moves:
-  1. at construction, broadcast rank 0's parameters and buffers (broadcast.py);
-  2. on every parameter that requires grad, a hook that fires once its gradient for
-     this backward pass is complete, and averages it over ranks: g <- sum_r (g_r / world_size);
-  3. forward is the wrapped module's forward, untouched.
-
-Two ways to do step 2, both kept so they can be compared (python -m minddp.bench):
-  - naive (bucketed=False): the teaching baseline, not used in practice. One blocking
-    all_reduce per parameter, right in the hook. Few lines, easy to check, slow: every
-    call pays a fixed cost, and backward stops while it waits.
-  - bucketed (the default): stock's way, in buckets.py. Gradients are copied into a few
-    flat buffers, each all-reduced asynchronously while backward goes on.
-
-The numbers agree with stock's: bucketed, bit for bit at any world size; naive, bit for
-bit at 1 and 2 ranks and up to summation order at 3 or more (last bits, see diff.py).
+Its numbers equal stock's bit for bit at any world size (tests/test_buckets.py): the
+buckets are laid out as stock lays them out, so the additions run in the same order.
 """
 
-import contextlib
-import functools
-
 import torch
-import torch.distributed as dist
-from torch import nn
 
-from .broadcast import broadcast_parameters, check_same_model
 from .buckets import BucketReducer
-from .errors import UsageError
+from .naive import NaiveDDP
 
 
-class ManualDDP(nn.Module):
-    def __init__(self, module, process_group=None, bucket_cap_mb=None, bucketed=True):
-        super().__init__()
-        self.module = module  # the name stock uses: state_dict keys read "module.<name>" in both
-        self.process_group = process_group
-        self.world_size = dist.get_world_size(process_group)
-        self.require_backward_grad_sync = True  # stock's flag; no_sync() lowers it
-        check_same_model(module, process_group)  # names the first mismatch, on every rank
-        broadcast_parameters(module, src=0, group=process_group)
-        # One hook per *distinct* parameter: parameters() lists a tied weight once, and
-        # autograd sums all its uses into one .grad before the hook fires, so a tied
-        # weight is averaged once, not once per use. Frozen parameters get no gradient,
-        # so they get no hook (and no communication).
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        self._param_names = [n for n, _ in named]
-        self._params = [p for _, p in named]
-        self.reducer = BucketReducer(self._params, process_group, bucket_cap_mb) if bucketed else None
-        self._expect_hooks = False  # set by a synced forward, cleared when its backward ends
-        self._arrived = []  # indices of the gradients that arrived in this backward
-        self._hook_handles = [
-            p.register_post_accumulate_grad_hook(functools.partial(self._grad_ready, i))
-            for i, p in enumerate(self._params)
-        ]
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Backward inside this block only accumulates local gradients; no communication.
-
-        The next synced backward adds its gradient to the accumulated sum and averages
-        that, so K micro-batches cost one round of all_reduce instead of K.
-        """
-        before = self.require_backward_grad_sync
-        self.require_backward_grad_sync = False
-        try:
-            yield
-        finally:
-            self.require_backward_grad_sync = before
+class ManualDDP(NaiveDDP):
+    def __init__(self, module, process_group=None, bucket_cap_mb=None):
+        super().__init__(module, process_group)
+        self.reducer = BucketReducer(self._params, process_group, bucket_cap_mb)
 
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled():
-            if self.reducer is not None:
-                self.reducer.rebuild_buckets()  # once, after the first synced backward
-            # Decided at forward time, as stock does: a forward run inside no_sync()
-            # gives a backward that stays local, even if backward() runs after the block.
-            self._expect_hooks = self.require_backward_grad_sync
-        return self.module(*args, **kwargs)
+            self.reducer.rebuild_buckets()  # once, after the first synced backward
+        return super().forward(*args, **kwargs)
 
-    def _grad_ready(self, index, param):
-        # "post accumulate": param.grad already holds this backward's gradient plus
-        # whatever no_sync() accumulated before, the same tensor the optimizer will read.
-        if not self._expect_hooks:
-            return  # inside no_sync(): the gradient just stays in .grad and accumulates
-        if not self._arrived:
-            # First gradient of this backward: ask autograd to call us once the whole
-            # backward is done, the one place where every bucket can be waited for.
-            torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
-        self._arrived.append(index)
-        if self.reducer is not None:
-            self.reducer.grad_ready(index, param.grad)
-            return
-        # The naive way. Divide *before* summing, as stock does: each rank scales its own
-        # gradient by 1/world_size, so the sum is already the mean and no rank ever holds
-        # the world_size-times-larger sum (which could overflow in half precision).
-        param.grad.mul_(1.0 / self.world_size)
-        if self.world_size > 1:
-            # Blocking: every rank calls this hook for the same parameters in the same
-            # order (autograd walks the same graph everywhere), so the collectives pair
-            # up. When it returns, this .grad is the average on every rank.
-            dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.process_group)
+    def _average(self, index, grad):
+        self.reducer.grad_ready(index, grad)  # into its bucket; a full bucket is sent
 
-    def _finalize_backward(self):
-        self._expect_hooks = False
-        arrived, self._arrived = set(self._arrived), []
-        missing = [self._param_names[i] for i in range(len(self._params)) if i not in arrived]
-        if self.reducer is not None:
-            self.reducer.finalize(copy_back=not missing)
-        if missing:
-            raise UsageError(
-                f"parameter {missing[0]!r} requires grad but got no gradient in this backward"
-                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
-                hint="use it in forward so it reaches the loss, or freeze it with"
-                     " requires_grad_(False) before wrapping the model")
+    def _finish(self, complete):
+        # Wait for every bucket before anyone reads .grad; after a backward that missed
+        # a parameter, only wait and reset (the error follows).
+        self.reducer.finalize(copy_back=complete)

@@ -113,7 +113,7 @@ def main(argv=None):
         # A wrong average is off by a factor, millions of ulps; reordered sums by one or two.
         # Later steps train on slightly different weights, so the gap then grows.
         print(": the size of a different summation order, not of a wrong gradient (e.g. 3+ ranks"
-              " with ManualDDP(bucketed=False): one all_reduce per parameter adds in another order"
+              " with NaiveDDP: one all_reduce per parameter adds in another order"
               " than stock's flat buckets); later steps inherit it through the weights")
     else:
         print(": more than rounding, so the runs compute different gradients")

@@ -17,11 +17,14 @@ the rank that saw it, and exit status 1, instead of the backend's C++ traceback.
 """
 
 import contextlib
+import gc
 import os
 import sys
+import traceback
 
 EXIT_USAGE = 2
 EXIT_COLLECTIVE = 1
+EXIT_CRASH = 1
 
 # How gloo and nccl word "your peer is gone": a dead peer closes its sockets at once; a
 # live one that never joins the collective is noticed when the timeout runs out.
@@ -50,16 +53,26 @@ class UsageError(RuntimeError):
 
 @contextlib.contextmanager
 def exit_on_usage_error():
-    """UsageError: `error:` + `---> HINT:` lines, exit 2. A failed collective: the same, exit 1."""
+    """UsageError: `error:` + `---> HINT:` lines, exit 2. A failed collective: the same, exit 1.
+
+    Any other error while a process group exists: its traceback, then exit 1 at once.
+    """
     try:
         yield
-    except RuntimeError as err:
-        if isinstance(err, UsageError):
-            _exit_usage(err)
-        text = str(err)
-        if not any(marker in text for marker in _COLLECTIVE_FAILURES):
+    except UsageError as err:
+        _exit_usage(err)
+    except Exception as err:
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
             raise
-        _exit_collective(text)
+        text = str(err)
+        if any(marker in text for marker in _COLLECTIVE_FAILURES):
+            _exit_collective(text)
+        # The group is alive, and so, through the traceback, is the model: the
+        # interpreter's exit would free them with the group's threads still running
+        # (a hang or an abort, see launch.ddp_teardown). Report and leave at once.
+        traceback.print_exc()
+        _hard_exit(EXIT_CRASH)
 
 
 def _exit_usage(err):
@@ -71,9 +84,12 @@ def _exit_usage(err):
             print(f"{prefix}---> HINT: {err.hint}", file=sys.stderr, flush=True)
     # minddp's checks depend only on the command line, the data and the machine,
     # so every rank raises at the same point and none is left waiting in a
-    # collective. Leave the group as a clean run would.
+    # collective. Leave the group as a clean run would: the traceback's frames hold
+    # the model, so free them first (the order launch.ddp_teardown explains).
+    traceback.clear_frames(err.__traceback__)
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
     sys.exit(EXIT_USAGE)
 
@@ -83,14 +99,18 @@ def _exit_collective(text):
     first = next(line for line in text.splitlines() if line.strip())
     first = first.split("] ", 1)[-1] if first.startswith("[") else first  # drop the C++ file:line
     first = first.split(". ", 1)[0]  # the fact, without gloo's boilerplate advice
-    from .launch import timeout_s  # the timeout ddp_setup() gave the process group
     print(f"[rank{rank}] error: a collective did not complete: {first.strip()}",
           file=sys.stderr, flush=True)
     print(f"[rank{rank}] ---> HINT: another rank died or stopped taking part (its own lines above"
-          f" say why); minddp gives up after the process-group timeout, {timeout_s()} s here (--timeout)",
-          file=sys.stderr, flush=True)
+          f" say why); a rank gives up after the process-group timeout (--timeout S,"
+          f" ddp_setup(timeout=S))", file=sys.stderr, flush=True)
     # The group is broken: no destroy_process_group() (it may wait for the peer that is
     # gone), and no interpreter teardown either, whose C++ destructors would meet the
     # group's still-running threads and abort ("terminate called ...", SIGABRT).
+    _hard_exit(EXIT_COLLECTIVE)
+
+
+def _hard_exit(status):
     sys.stdout.flush()
-    os._exit(EXIT_COLLECTIVE)
+    sys.stderr.flush()
+    os._exit(status)

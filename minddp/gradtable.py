@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 from tabulate import tabulate
 
+from .errors import UsageError
+
 FORMAT = "minddp-gradtable/1"
 
 
@@ -82,14 +84,37 @@ class GradTable:
         if rows_by_rank is not None:
             write_table(self.path, rows_by_rank)
 
-    # For checkpoints (checkpoint.py): rows as tensors, which torch.load(weights_only=True)
-    # accepts; numpy arrays it would refuse.
-    @staticmethod
-    def rows_to_tensors(rows):
-        return [(s, e, {n: torch.from_numpy(a) for n, a in g.items()}) for s, e, g in rows]
+    def state_dict(self):
+        """Collective: call on every rank. Every rank's rows so far, on rank 0 (for checkpoints).
 
-    def load_rows(self, tensor_rows):
-        self.rows = [(s, e, {n: t.cpu().numpy() for n, t in g.items()}) for s, e, g in tensor_rows]
+        Rows are stored as tensors, which torch.load(weights_only=True) accepts.
+        """
+        rows_by_rank = self.gather() if self.path else None
+        if rows_by_rank is None:
+            return {"world_size": _world_size(), "rows_by_rank": None}
+        return {"world_size": len(rows_by_rank),
+                "rows_by_rank": [[(s, e, {n: torch.from_numpy(a) for n, a in g.items()})
+                                  for s, e, g in rows] for rows in rows_by_rank]}
+
+    def load_state_dict(self, state):
+        """This rank's rows from a state_dict(); the world size must be the same."""
+        if not self.path:
+            return
+        if state["rows_by_rank"] is None or state["world_size"] != _world_size():
+            raise UsageError(
+                f"cannot continue the gradient table: the checkpoint was saved at world size"
+                f" {state['world_size']} {'without' if state['rows_by_rank'] is None else 'with'}"
+                f" a table, this run has world size {_world_size()}",
+                hint="resume with the same --nproc_per_node and --grad-table, or start afresh",
+                same_on_every_rank=True)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        self.rows = [(s, e, {n: t.cpu().numpy() for n, t in g.items()})
+                     for s, e, g in state["rows_by_rank"][rank]]
+
+
+def _world_size():
+    return dist.get_world_size() if dist.is_initialized() else 1
+
 
 def write_table(path, rows_by_rank):
     """rows_by_rank[r] is rank r's list of (step, epoch, {name: array})."""
@@ -112,7 +137,6 @@ def write_table(path, rows_by_rank):
         "torch": torch.__version__,
         "script": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
     }
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".npz.partial", "wb") as f:
         np.savez(f, meta=np.array(json.dumps(meta)), **{"grad/" + n: a for n, a in arrays.items()})
     os.replace(path + ".npz.partial", path + ".npz")  # a crash mid-write leaves no half table

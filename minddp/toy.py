@@ -58,21 +58,36 @@ def toy_datasets(factor=1):
 
 
 def compute_accuracy(model, dataloader, device):
-    """Fraction of correct predictions over the whole dataset the loader covers.
+    """The lesson's accuracy: the fraction correct over what *this rank's* loader yields.
 
-    The lesson's version counts this rank's shard only, so each rank prints another
-    training accuracy. Here a sharded loader's counts are summed over ranks first, so
-    every rank returns the same, global number (rank 0 prints it once).
+    No communication: with a sharded loader each rank gets the accuracy of its own shard.
     """
+    correct, total = _count_correct(model, dataloader, device)
+    return (correct / total).item()
+
+
+def all_reduce_accuracy(model, dataloader, device):
+    """Collective: call on every rank. The accuracy over the whole dataset, the same everywhere.
+
+    A sharded loader's counts are summed over ranks (all_reduce) before dividing, so
+    every rank returns one global number. Called under `if rank == 0:` it would leave
+    rank 0 waiting for peers that never join.
+    """
+    counts = torch.stack(_count_correct(model, dataloader, device))
+    if getattr(dataloader.sampler, "num_replicas", 1) > 1:
+        dist.all_reduce(counts)  # shards differ per rank: add them up
+    return (counts[0] / counts[1]).item()
+
+
+def _count_correct(model, dataloader, device):
     model = model.eval()
-    counts = torch.zeros(2, device=device)  # [correct, total]
+    correct = torch.zeros((), device=device)
+    total = torch.zeros((), device=device)
     for features, labels in dataloader:
         features, labels = features.to(device), labels.to(device)
         with torch.no_grad():
             logits = model(features)
         predictions = torch.argmax(logits, dim=1)
-        counts[0] += torch.sum(labels == predictions)
-        counts[1] += len(labels)
-    if getattr(dataloader.sampler, "num_replicas", 1) > 1:
-        dist.all_reduce(counts)  # shards differ per rank: add them up
-    return (counts[0] / counts[1]).item()
+        correct += torch.sum(labels == predictions)
+        total += len(labels)
+    return correct, total

@@ -5,6 +5,7 @@ peer never joins. Every helper here kills what it started at its deadline and fa
 the test, so CI reports the hang in seconds instead of blocking.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,14 +13,15 @@ import sys
 import tempfile
 import time
 import traceback
-import warnings
+import uuid
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from minddp.launch import import_dynamo_first
+from minddp.launch import ddp_teardown
+from minddp.workarounds import group_threads, import_dynamo_first
 
 REPO = Path(__file__).resolve().parent.parent
 # Two cores here: one intra-op thread per rank keeps ranks from fighting over them.
@@ -29,7 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def _entry(fn, rank, world_size, store_file, out_dir, args):
     try:
         torch.set_num_threads(1)
-        import_dynamo_first()  # before the group, or the group outlives its destroy (launch.py)
+        import_dynamo_first()  # before the group, or the group outlives its destroy
         # A file store: no TCP port, so concurrent test runs never collide.
         dist.init_process_group("gloo", init_method=f"file://{store_file}",
                                 rank=rank, world_size=world_size)
@@ -37,20 +39,14 @@ def _entry(fn, rank, world_size, store_file, out_dir, args):
         partial = os.path.join(out_dir, f"rank{rank}.partial")
         torch.save(result, partial)
         os.replace(partial, os.path.join(out_dir, f"rank{rank}.pt"))  # all or nothing
-        dist.barrier()
-        dist.destroy_process_group()
+        del result  # fn's models are gone with its frame; nothing may hold the group now
+        ddp_teardown()
+        # A group that outlived its destroy could hang or abort this process's exit.
+        assert not group_threads(), f"gloo threads after ddp_teardown(): {group_threads()}"
         Path(out_dir, f"rank{rank}.done").touch()  # finished: only interpreter exit is left
     except BaseException:
         Path(out_dir, f"rank{rank}.err").write_text(traceback.format_exc())
         sys.exit(1)
-
-
-# A gloo process that has finished its work, results saved and process group destroyed,
-# rarely aborts while the interpreter exits ("terminate called without an active
-# exception", SIGABRT; seen 3 times in some 1500 rank processes here, torch 2.13.0+cpu,
-# twice in CI's runs). It is torch's teardown, not minddp's arithmetic: the tests accept
-# such a rank's saved results, and repeat such a torchrun once, with a warning either way.
-TEARDOWN_ABORT = "terminate called without an active exception"
 
 
 def run_ranks(fn, world_size, *args, timeout=90):
@@ -83,9 +79,7 @@ def run_ranks(fn, world_size, *args, timeout=90):
         failed = []
         for r, (p, d) in enumerate(zip(procs, done)):
             err = Path(tmp, f"rank{r}.err")
-            if p.exitcode == -signal.SIGABRT and d.exists():
-                warnings.warn(f"rank {r} aborted at interpreter exit after finishing its work")
-            elif p.exitcode != 0:
+            if p.exitcode != 0:
                 failed.append(f"rank {r} exit code {p.exitcode}\n" + (err.read_text() if err.exists() else ""))
         if failed:
             raise RuntimeError("a rank failed:\n" + "\n".join(failed))
@@ -93,32 +87,76 @@ def run_ranks(fn, world_size, *args, timeout=90):
                 for r in range(world_size)]
 
 
+TAG = "MINDDP_TEST_TAG"  # every process a test starts carries it, workers too
+
+
+def tagged_pids(tag):
+    """Processes whose environment holds TAG=tag: a run's launcher, workers and orphans alike."""
+    needle = f"{TAG}={tag}".encode() + b"\0"
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read():
+                        pids.append(int(entry))
+            except OSError:
+                continue  # gone, or not ours
+    return pids
+
+
+def kill_tagged(tag):
+    """SIGKILL every process of the run. torchrun starts each worker in a session of its own,
+    so killing torchrun's process group would leave a hung worker running."""
+    for _ in range(10):  # a process may fork while we kill: look again until none is left
+        pids = tagged_pids(tag)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+class Hang(AssertionError):
+    """A run still going at its deadline; every process it started has been killed."""
+
+    def __init__(self, message, tag, stdout, stderr):
+        super().__init__(message)
+        self.tag, self.stdout, self.stderr = tag, stdout, stderr
+
+
 def run(cmd, timeout=120, env=None):
-    """Run a command in its own process group; at the deadline kill the whole group and fail."""
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
-    proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, text=True, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every worker it started
-        proc.communicate()
-        raise AssertionError(f"{' '.join(map(str, cmd))} still running after {timeout}s (a hang?)")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    """Run a command under a hard deadline; at the deadline kill all it started and raise Hang.
 
-
-def torchrun(nproc, script, *args, timeout=120, launcher=(), fresh=()):
-    """`torchrun --standalone --nproc_per_node=N [launcher] script args`: --standalone picks a free port.
-
-    `fresh`: files the run creates and would read back if they existed (a checkpoint);
-    they are removed before a repeated run, so it starts from scratch like the first.
+    Output goes to files, not pipes: a worker that outlives its launcher may hold a pipe
+    open forever, and reading it would block; a file is read once the run is over.
     """
+    tag = uuid.uuid4().hex
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    full_env[TAG] = tag
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, text=True, start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        try:
+            proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            kill_tagged(tag)  # at the deadline everything; after a normal end, any orphan
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if timed_out:
+        raise Hang(f"{' '.join(map(str, cmd))} still running after {timeout}s (a hang?);"
+                   f" killed\n{stdout[-2000:]}\n{stderr[-2000:]}", tag, stdout, stderr)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def torchrun(nproc, script, *args, timeout=120, launcher=()):
+    """`torchrun --standalone --nproc_per_node=N [launcher] script args`: --standalone picks a free port."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", *launcher, str(script), *map(str, args)]
-    result = run(cmd, timeout=timeout)
-    if result.returncode != 0 and TEARDOWN_ABORT in result.stderr:
-        warnings.warn(f"repeating a run whose worker aborted at exit: {' '.join(cmd[3:])}")
-        for path in fresh:
-            Path(path).unlink(missing_ok=True)
-        result = run(cmd, timeout=timeout)
-    return result
+    return run(cmd, timeout=timeout)

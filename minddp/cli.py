@@ -1,0 +1,108 @@
+"""The examples' command line: the flags they share, checked before any training starts.
+
+    python examples/manual_ddp.py --help
+
+A bad flag should cost a student one line and a hint, not a finished run that then
+fails to write its table, or a run that trains nothing and says "accuracy 0.5".
+So every flag is checked right after parsing, on every rank alike, before the process
+group exists: counts must be at least 1, and every output path must sit in a directory
+that exists and is writable (minddp never creates directories behind your back).
+"""
+
+import argparse
+import os
+import tempfile
+
+from .errors import UsageError
+
+
+def lesson_parser(doc):
+    """An ArgumentParser with the flags every example shares; add your own, then parse_checked()."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=3, help="passes over the training set")
+    parser.add_argument("--seed", type=int, default=123, help="torch.manual_seed before data and model")
+    parser.add_argument("--factor", type=int, default=1,
+                        help="enlarge the 5-example training set this many times (the lesson's factor)")
+    parser.add_argument("--grad-table", metavar="PATH", help="record every synced gradient to PATH")
+    parser.add_argument("--timeout", type=float, default=120, metavar="S",
+                        help="seconds a rank waits in a collective for its peers before failing")
+    parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
+                        help="auto: nccl with one GPU per process, else gloo")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
+                        help="auto: cuda:LOCAL_RANK with nccl, mps for one process on a Mac, else cpu")
+    return parser
+
+
+# Flags that name a file the run writes, and flags that count something.
+OUTPUT_FLAGS = ("grad_table", "checkpoint", "timeline", "out")
+AT_LEAST_ONE = ("epochs", "factor", "accumulate")
+
+
+# Flags that each moved out of the lesson's examples into an example of their own.
+MOVED = {"--accumulate": "accumulate.py", "--checkpoint": "restart.py",
+         "--crash-at-step": "restart.py", "--crash-rank": "restart.py"}
+
+
+def parse_checked(parser, argv=None):
+    """parse_args(), then refuse (UsageError: one line, a hint, exit 2) what cannot work."""
+    args, unknown = parser.parse_known_args(argv)
+    for arg in unknown:
+        flag = arg.split("=")[0]
+        if flag in MOVED:
+            raise UsageError(f"{flag} is not a flag of this example: it lives in examples/{MOVED[flag]}",
+                             hint=f"torchrun --nproc_per_node=2 examples/{MOVED[flag]} {flag} ...",
+                             same_on_every_rank=True)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    for name in AT_LEAST_ONE:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} {value}: must be 1 or more", hint=f"e.g. {flag} 1",
+                             same_on_every_rank=True)
+    for name in OUTPUT_FLAGS:
+        path = getattr(args, name, None)
+        if path:
+            check_output_path(path, "--" + name.replace("_", "-"))
+    return args
+
+
+def _can_write_in(directory):
+    # Try it: os.access() says yes to root even where a write fails (/proc, read-only mounts).
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
+def check_output_path(path, flag):
+    """The directory PATH would be written in must exist and be writable."""
+    directory = os.path.dirname(os.path.abspath(path))
+    hint = "choose a file in a directory you can write to"
+    if os.path.isdir(path):
+        problem = "is a directory, not a file name"
+    elif not os.path.isdir(directory):
+        problem, hint = f"its directory {directory} does not exist", f"mkdir -p {directory}, or {hint}"
+    elif not _can_write_in(directory):
+        problem = f"its directory {directory} is not writable"
+    else:
+        return
+    raise UsageError(f"{flag} {path}: {problem}", hint=hint, same_on_every_rank=True)
+
+
+def add_ddp_flag(parser):
+    parser.add_argument("--ddp", default="manual", choices=["manual", "stock"],
+                        help="minddp's ManualDDP and ShardSampler, or stock PyTorch's")
+
+
+def ddp_pieces(kind):
+    """(sampler class, wrap(model, env)) for --ddp: the lines stock_ddp.py and manual_ddp.py differ in."""
+    if kind == "stock":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.utils.data.distributed import DistributedSampler
+        return DistributedSampler, lambda model, env: DDP(model, device_ids=env.device_ids)
+    from .ddp import ManualDDP
+    from .sampler import ShardSampler
+    return ShardSampler, lambda model, env: ManualDDP(model)

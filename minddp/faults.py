@@ -1,0 +1,43 @@
+"""Fault injection: one rank dies on purpose, so a restart can be watched and tested.
+
+    torchrun --nproc_per_node=2 --max-restarts=1 examples/restart.py \\
+        --checkpoint runs/ck.pt --crash-at-step 3
+
+Used by examples/restart.py and the tests; the lesson's examples never call it.
+"""
+
+import os
+
+import torch.distributed as dist
+
+from .errors import UsageError
+from .launch import get_rank, print_rank
+
+EXIT_CRASH = 17  # the injected crash's exit status, so a test can tell it from a bug
+
+
+def check_crash_step(crash_at_step, total_steps):
+    """Refuse, before training, a --crash-at-step that the run would never reach."""
+    if crash_at_step is not None and not 1 <= crash_at_step <= total_steps:
+        raise UsageError(f"--crash-at-step {crash_at_step} is never reached: this run takes"
+                         f" {total_steps} optimizer steps", hint=f"choose a step from 1 to {total_steps}",
+                         same_on_every_rank=True)
+
+
+def crash_if_asked(step, crash_at_step, crash_rank=None):
+    """Die abruptly as optimizer step `crash_at_step` (counted from 1) begins.
+
+    `crash_rank` defaults to the last rank, so rank 0 survives to report. Only on the
+    first attempt: torchrun sets TORCHELASTIC_RESTART_COUNT, and a restarted worker
+    must not crash again.
+    """
+    if crash_at_step is None or step != crash_at_step:
+        return
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    if get_rank() != (world_size - 1 if crash_rank is None else crash_rank):
+        return
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return
+    print_rank(f"--crash-at-step {step}: exiting abruptly")
+    # os._exit: no cleanup, no exception handlers, no atexit, like a killed process.
+    os._exit(EXIT_CRASH)

@@ -1,0 +1,123 @@
+"""A finished run exits, a bad flag fails before training, and a hung run cannot hang the tests.
+
+    pytest tests/test_exit.py
+
+The stress check behind the teardown order (many runs under CPU load) is
+tests/scripts/stress_exit.py, run on demand; its counts are in docs/failures.md.
+"""
+
+import contextlib
+import faulthandler
+import io
+import sys
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from helpers import REPO, Hang, run, run_ranks, tagged_pids, torchrun
+from minddp import GradTable, ManualDDP, ddp_teardown
+from minddp.workarounds import group_threads
+
+EXAMPLES = REPO / "examples"
+
+
+def _train_and_gather(rank, world_size, wrapper):
+    # What the examples do before teardown: a DDP model, a backward, the table's gather.
+    model = {"stock": DDP, "manual": ManualDDP}[wrapper](torch.nn.Linear(3, 2))
+    table = GradTable(model, "unused")
+    model(torch.ones(4, 3)).sum().backward()
+    table.record()
+    table.gather()
+    return True  # model and table die with this frame, before _entry's ddp_teardown()
+
+
+@pytest.mark.parametrize("wrapper", ["stock", "manual"])
+def test_teardown_after_the_model_is_freed_leaves_no_gloo_thread(wrapper):
+    # run_ranks' _entry calls ddp_teardown() after fn returns, then asserts that no gloo
+    # thread is left: the group died inside destroy_process_group(), not at exit.
+    assert run_ranks(_train_and_gather, 2, wrapper) == [True, True]
+
+
+def _teardown_with_the_model_alive(rank, world_size):
+    model = DDP(torch.nn.Linear(3, 2))
+    model(torch.ones(4, 3)).sum().backward()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        ddp_teardown()  # the lesson's place: at the end of main(), the model still alive
+    lingering = group_threads()
+    faulthandler.cancel_dump_traceback_later()  # the bound it armed: this test exits on its own
+    return out.getvalue(), lingering
+
+
+def test_teardown_with_a_live_ddp_model_says_so_and_bounds_the_exit():
+    for message, lingering in run_ranks(_teardown_with_the_model_alive, 2):
+        assert lingering, "the live DDP model should still hold the group"
+        assert "warning: the process group outlived ddp_teardown()" in message
+        assert "call ddp_teardown() after the function that holds the model has returned" in message
+        assert "exiting within 60 s" in message
+
+
+def test_a_hung_worker_is_killed_and_its_output_still_read():
+    with pytest.raises(Hang) as info:
+        torchrun(2, REPO / "tests" / "scripts" / "finish_then_sleep.py", timeout=20)
+    assert "[rank0] finished" in info.value.stdout and "[rank1] finished" in info.value.stdout
+    assert tagged_pids(info.value.tag) == []  # torchrun and both workers are gone
+
+
+BAD_FLAGS = [
+    ("manual_ddp.py", ["--epochs", "0"], "error: --epochs 0: must be 1 or more"),
+    ("manual_ddp.py", ["--epochs", "-1"], "error: --epochs -1: must be 1 or more"),
+    ("stock_ddp.py", ["--factor", "0"], "error: --factor 0: must be 1 or more"),
+    ("stock_ddp.py", ["--factor", "-2"], "error: --factor -2: must be 1 or more"),
+    ("accumulate.py", ["--accumulate", "0"], "error: --accumulate 0: must be 1 or more"),
+    ("manual_ddp.py", ["--grad-table", "/nonexistent/dir/t.txt"],
+     "error: --grad-table /nonexistent/dir/t.txt: its directory /nonexistent/dir does not exist"),
+    ("restart.py", ["--checkpoint", "/nonexistent/dir/ck.pt"],
+     "error: --checkpoint /nonexistent/dir/ck.pt: its directory /nonexistent/dir does not exist"),
+    ("stock_ddp.py", ["--grad-table", "/proc/t.txt"],
+     "error: --grad-table /proc/t.txt: its directory /proc is not writable"),
+    ("manual_ddp.py", ["--grad-table", "/tmp"], "error: --grad-table /tmp: is a directory"),
+    ("manual_ddp.py", ["--accumulate", "2"],
+     "error: --accumulate is not a flag of this example: it lives in examples/accumulate.py"),
+    ("stock_ddp.py", ["--checkpoint", "ck.pt"],
+     "error: --checkpoint is not a flag of this example: it lives in examples/restart.py"),
+]
+
+
+@pytest.mark.parametrize("script,flags,message", BAD_FLAGS, ids=[" ".join(f) for _, f, _ in BAD_FLAGS])
+def test_a_bad_flag_is_one_line_and_a_hint_before_training(script, flags, message):
+    result = run([sys.executable, str(EXAMPLES / script), *flags], timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(message) and lines[1].startswith("---> HINT: "), result.stderr
+    assert len(lines) == 2 and "Epoch" not in result.stdout  # nothing trained
+    assert not (REPO / "ck.pt").exists()
+
+
+def test_no_directory_is_created_behind_the_users_back(tmp_path):
+    result = run([sys.executable, str(EXAMPLES / "manual_ddp.py"), "--grad-table",
+                  str(tmp_path / "new" / "t.txt")], timeout=60)
+    assert result.returncode == 2 and not (tmp_path / "new").exists()
+
+
+def test_bad_flags_are_refused_once_under_torchrun():
+    result = torchrun(2, EXAMPLES / "manual_ddp.py", "--epochs", "0", timeout=60)
+    assert result.returncode != 0
+    assert result.stderr.count("error: --epochs 0: must be 1 or more") == 1  # rank 0 says it
+
+
+def test_a_finished_checkpoint_says_so_and_trains_nothing_more(tmp_path):
+    ck, table = tmp_path / "ck.pt", tmp_path / "t.txt"
+    args = [sys.executable, str(EXAMPLES / "restart.py"), "--checkpoint", str(ck),
+            "--grad-table", str(table)]
+    first = run(args, timeout=60)
+    assert first.returncode == 0, first.stderr
+    again = run(args, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert f"{ck} holds a finished run (3 epochs): nothing left to train" in again.stdout
+    assert "Epoch:" not in again.stdout and "Test accuracy 1.0" in again.stdout
+    more = run(args + ["--epochs", "4"], timeout=60)  # a larger --epochs trains on
+    assert more.returncode == 0, more.stderr
+    assert "resuming from" in more.stdout and "Epoch: 004/004" in more.stdout
+    assert "Epoch: 003/004" not in more.stdout
