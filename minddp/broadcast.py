@@ -44,14 +44,24 @@ def check_same_model(module, group=None):
 
 
 @torch.no_grad()
-def broadcast_parameters(module, src=0, group=None):
-    """Overwrite every parameter and buffer with rank `src`'s, in place.
+def broadcast_parameters(module, src=0, group=None, buffers=True):
+    """Overwrite every parameter (and buffer, unless buffers=False) with rank `src`'s, in place.
 
     In place matters: the optimizer already holds these very tensors.
-    Buffers count too: a BatchNorm's running mean is state the forward pass uses.
+    Buffers count too: a BatchNorm's running mean is state the forward pass uses
+    (stock DDP leaves them alone only with broadcast_buffers=False).
     """
     if dist.get_world_size(group) == 1:
         return  # nobody to copy from (and mps tensors, which no backend carries, stay put)
     # named_parameters() lists a tied (shared) weight once, so it is sent once.
-    for _, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+    for _, tensor in list(module.named_parameters()) + (list(module.named_buffers()) if buffers else []):
         dist.broadcast(tensor, src=src, group=group)
+
+
+@torch.no_grad()
+def broadcast_buffers(module, src=0, group=None):
+    """Overwrite every buffer with rank `src`'s, in place (stock DDP's broadcast_buffers=True)."""
+    if dist.get_world_size(group) == 1:
+        return
+    for _, buffer in module.named_buffers():
+        dist.broadcast(buffer, src=src, group=group)

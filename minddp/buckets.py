@@ -33,16 +33,23 @@ def bucket_size_limits(bucket_cap_mb=None):
     return [int(bucket_cap_mb * MB)]
 
 
-def assign_buckets(params, size_limits, order=None):
+def assign_buckets(params, size_limits, order=None, sparse=()):
     """Split parameter indices into buckets: reducer.cpp's compute_bucket_assignment_by_size.
 
     Walk the parameters in `order` (default: 0, 1, 2, ...), adding each to the open bucket
     of its dtype and device; close a bucket once it holds at least the current limit,
-    then move to the next limit (the last one repeats). Returns lists of indices.
+    then move to the next limit (the last one repeats). A parameter whose index is in
+    `sparse` gets a bucket of its own. Returns lists of indices.
     """
     buckets, open_buckets = [], {}
     for i in (range(len(params)) if order is None else order):
         p = params[i]
+        if i in sparse:
+            # A sparse gradient is a list of (row index, row) pairs whose count changes
+            # from step to step: it has no fixed place in a flat buffer, so it travels
+            # alone, as a sparse tensor (ManualDDP all-reduces it as one).
+            buckets.append([i])
+            continue
         # One flat buffer holds one dtype on one device, so those are kept apart.
         b = open_buckets.setdefault((p.dtype, p.device), {"indices": [], "bytes": 0, "limit": 0})
         b["indices"].append(i)
@@ -65,92 +72,58 @@ class Bucket:
         self.params = [params[i] for i in indices]
         numel = sum(p.numel() for p in self.params)
         first = self.params[0]
-        self.buffer = torch.empty(numel, dtype=first.dtype, device=first.device)
-        self.views, offset = [], 0
-        for p in self.params:
-            self.views.append(self.buffer[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        self.flat = torch.empty(numel, dtype=first.dtype, device=first.device)
+        self.views = self.views_of(self.flat)
         self.pending = len(self.params)  # gradients still to arrive in this backward
-        self.work = None  # the async all_reduce in flight, once launched
+        self.work = None  # the async all_reduce, or the comm hook's future, in flight
+
+    def views_of(self, flat):
+        """Per-parameter views into `flat`, a tensor laid out like this bucket's buffer."""
+        views, offset = [], 0
+        for p in self.params:
+            views.append(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return views
 
     def nbytes(self):
-        return self.buffer.numel() * self.buffer.element_size()
+        return self.flat.numel() * self.flat.element_size()
 
 
-class BucketReducer:
-    """Fills buckets as gradients arrive, all-reduces each in order, copies results back.
+class GradBucket:
+    """What a communication hook receives: stock's `dist.GradBucket`, in Python.
 
-    The first iteration uses a single bucket in parameter order, as stock does: before
-    any backward has run, nobody knows in which order gradients will arrive. The order
-    seen in that first synced backward is recorded, and from the next forward on the
-    buckets are rebuilt in it, so bucket 0 fills first and is sent while autograd
-    works on the layers below.
+    PyTorch's own hooks (allreduce_hook, fp16_compress_hook, ...) call these methods, so
+    they run on ManualDDP unchanged. A new one per hook call, as in stock: a hook may
+    set_buffer() a compressed copy without touching the bucket itself.
     """
 
-    def __init__(self, params, process_group=None, bucket_cap_mb=None):
-        self.params = params
-        self.process_group = process_group
-        self.world_size = dist.get_world_size(process_group)
-        self.size_limits = bucket_size_limits(bucket_cap_mb)
-        self._initialize_buckets(assign_buckets(params, [float("inf")]))
-        self.has_rebuilt_buckets = False
-        self.ready_order = []  # parameter indices, in the order their gradients arrived
+    def __init__(self, bucket, index, count):
+        self._bucket, self._index, self._count = bucket, index, count
+        self._buffer = bucket.flat
 
-    def _initialize_buckets(self, bucket_indices):
-        self.buckets = [Bucket(self.params, indices) for indices in bucket_indices]
-        self.locator = {}  # parameter index -> (bucket, its view)
-        for bucket in self.buckets:
-            for i, view in zip(bucket.indices, bucket.views):
-                self.locator[i] = (bucket, view)
-        self.next_bucket = 0
+    def buffer(self):
+        return self._buffer
 
-    def rebuild_buckets(self):
-        """Once, before the second synced forward: buckets in gradient-arrival order."""
-        if self.has_rebuilt_buckets or not self.params or len(self.ready_order) != len(self.params):
-            return
-        order = torch.tensor(self.ready_order, device=self.params[0].device)
-        if self.world_size > 1:
-            # Every rank must pack the same buckets or the all_reduces would pair up
-            # different parameters; stock settles it the same way: rank 0's order wins.
-            group = self.process_group
-            src = 0 if group is None else dist.get_global_rank(group, 0)
-            dist.broadcast(order, src=src, group=group)
-        self._initialize_buckets(assign_buckets(self.params, self.size_limits, order.tolist()))
-        self.has_rebuilt_buckets = True
+    def set_buffer(self, tensor):
+        self._buffer = tensor
 
-    def grad_ready(self, index, grad):
-        if not self.has_rebuilt_buckets:
-            self.ready_order.append(index)
-        bucket, view = self.locator[index]
-        # Divide while copying into the bucket, one pass over the gradient: each rank
-        # sends g_r / world_size, so the sum that comes back is already the mean.
-        torch.mul(grad, 1.0 / self.world_size, out=view)
-        bucket.pending -= 1
-        # Launch strictly in bucket order, on every rank the same: collectives pair up by
-        # the order they are issued, so bucket 1 may not overtake bucket 0 even if ready.
-        while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
-            b = self.buckets[self.next_bucket]
-            if self.world_size > 1:
-                # async_op: returns at once; the reduction runs in the backend's own
-                # thread while autograd goes on computing the earlier layers' gradients.
-                b.work = dist.all_reduce(b.buffer, op=dist.ReduceOp.SUM,
-                                         group=self.process_group, async_op=True)
-            self.next_bucket += 1
+    def index(self):
+        return self._index
 
-    def finalize(self, copy_back=True):
-        """End of backward: wait for every bucket, copy the averages into .grad.
+    def is_last(self):
+        return self._index == self._count - 1
 
-        copy_back=False only waits and resets, after a backward that went wrong.
-        """
-        for bucket in self.buckets:
-            if bucket.work is not None:
-                # Wait before anyone reads .grad: the optimizer must step with the
-                # average, not with this rank's half-reduced buffer.
-                bucket.work.wait()
-            if copy_back:
-                for p, view in zip(bucket.params, bucket.views):
-                    p.grad.copy_(view)
-            bucket.pending, bucket.work = len(bucket.params), None
-        self.next_bucket = 0
-        if len(self.ready_order) != len(self.params):
-            self.ready_order = []  # an incomplete first backward teaches no order
+    def parameters(self):
+        return list(self._bucket.params)
+
+    def gradients(self):
+        return self._bucket.views_of(self._buffer)
+
+    def lengths(self):
+        return [p.numel() for p in self._bucket.params]
+
+    def offsets(self):
+        return [sum(self.lengths()[:i]) for i in range(len(self._bucket.params))]
+
+    def sizes_list(self):
+        return [p.shape for p in self._bucket.params]

@@ -10,7 +10,8 @@ gradient over all ranks. Each rank then takes the same optimizer step from the s
 weights, so the replicas stay identical without ever sending a weight again.
 
 How, in three moves:
-  1. at construction, broadcast rank 0's parameters and buffers (broadcast.py);
+  1. at construction, broadcast rank 0's parameters and buffers (broadcast.py), and
+     rank 0's buffers again before each forward that follows a training step;
   2. on every parameter that requires grad, a hook that fires once its gradient for
      this backward pass is complete, and averages it: g <- sum_r (g_r / world_size),
      with one *blocking* all_reduce per parameter;
@@ -27,19 +28,23 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .broadcast import broadcast_parameters, check_same_model
+from .broadcast import broadcast_buffers, broadcast_parameters, check_same_model
 from .errors import UsageError
 
 
 class NaiveDDP(nn.Module):
-    def __init__(self, module, process_group=None):
+    find_unused_parameters = False  # ManualDDP has the knob; here every parameter must be used
+
+    def __init__(self, module, process_group=None, broadcast_buffers=True):
         super().__init__()
         self.module = module  # the name stock uses: state_dict keys read "module.<name>" in both
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
+        self.broadcast_buffers = broadcast_buffers
         self.require_backward_grad_sync = True  # stock's flag; no_sync() lowers it
+        self.require_forward_param_sync = True  # stock's flag: sync buffers before this forward
         check_same_model(module, process_group)  # names the first mismatch, on every rank
-        broadcast_parameters(module, src=0, group=process_group)
+        broadcast_parameters(module, src=0, group=process_group, buffers=broadcast_buffers)
         # One hook per *distinct* parameter: parameters() lists a tied weight once, and
         # autograd sums all its uses into one .grad before the hook fires, so a tied
         # weight is averaged once, not once per use. Frozen parameters get no gradient,
@@ -70,11 +75,20 @@ class NaiveDDP(nn.Module):
             self.require_backward_grad_sync = before
 
     def forward(self, *args, **kwargs):
+        if self.require_forward_param_sync and self.broadcast_buffers:
+            # Buffers are state that forward *updates* (BatchNorm's running mean and
+            # variance), each rank from its own batch, so replicas drift apart. Stock
+            # copies rank 0's buffers to everyone before a forward that follows a
+            # synced training forward (or is the first), so eval uses the same statistics.
+            broadcast_buffers(self.module, src=0, group=self.process_group)
+        synced = torch.is_grad_enabled() and self.require_backward_grad_sync
         if torch.is_grad_enabled():
             # Decided at forward time, as stock does: a forward run inside no_sync()
             # gives a backward that stays local, even if backward() runs after the block.
-            self._expect_hooks = self.require_backward_grad_sync
-        return self.module(*args, **kwargs)
+            self._expect_hooks = synced
+        output = self.module(*args, **kwargs)
+        self.require_forward_param_sync = synced  # eval and no_sync forwards: next one skips
+        return output
 
     def _hook(self, index, param):
         # "post accumulate": param.grad already holds this backward's gradient plus
@@ -86,9 +100,10 @@ class NaiveDDP(nn.Module):
             # backward is done, to check that every gradient came.
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         self._arrived.append(index)
-        self._average(index, param.grad)
+        self._average(index, param)
 
-    def _average(self, index, grad):
+    def _average(self, index, param):
+        grad = param.grad
         # Divide *before* summing, as stock does: each rank scales its own gradient by
         # 1/world_size, so the sum is already the mean and no rank ever holds the
         # world_size-times-larger sum (which could overflow in half precision).
@@ -104,7 +119,7 @@ class NaiveDDP(nn.Module):
         arrived, self._arrived = set(self._arrived), []
         missing = [self._param_names[i] for i in range(len(self._params)) if i not in arrived]
         self._finish(complete=not missing)
-        if missing:
+        if missing and not self.find_unused_parameters:
             raise UsageError(
                 f"parameter {missing[0]!r} requires grad but got no gradient in this backward"
                 + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),

@@ -123,8 +123,8 @@ def _stock_buckets(rank, world_size, bucket_cap_mb):
     for step in range(2):
         x, y = _batch(step, rank, 256, 10)
         F.cross_entropy(manual(x), y).backward()
-        layouts.append([(i, [manual._param_names[j] for j in b.indices], b.buffer.numel())
-                        for i, b in enumerate(manual.reducer.buckets)])
+        layouts.append([(i, [manual._param_names[j] for j in b.indices], b.flat.numel())
+                        for i, b in enumerate(manual.buckets)])
     return seen, layouts
 
 
