@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers import run_ranks
 from minddp import ManualDDP, UsageError
+from minddp.hooks import fp16_mean_hook
 
 
 class BatchNormNet(torch.nn.Module):
@@ -66,8 +67,14 @@ CONFIGS = {  # name: (model class, wrapper kwargs, zero_grad set_to_none, no_syn
     "unused-zeroed": (Branchy, {"find_unused_parameters": True}, False, False),
     "allreduce-hook": (Wide, {"bucket_cap_mb": 0.05}, True, False),
     "fp16-hook": (Wide, {"bucket_cap_mb": 0.05}, True, False),
+    "minddp-hook": (Wide, {"bucket_cap_mb": 0.05}, True, False),
 }
-HOOKS = {"allreduce-hook": default_hooks.allreduce_hook, "fp16-hook": default_hooks.fp16_compress_hook}
+HOOKS = {  # name: (stock's hook, ManualDDP's hook)
+    "allreduce-hook": (default_hooks.allreduce_hook,) * 2,
+    "fp16-hook": (default_hooks.fp16_compress_hook,) * 2,
+    # minddp's teaching hook on ManualDDP against PyTorch's fp16 hook on stock DDP
+    "minddp-hook": (default_hooks.fp16_compress_hook, fp16_mean_hook),
+}
 STEPS = 4
 
 
@@ -112,7 +119,7 @@ def _all_configs(rank, world_size):
         for wrapper in (DDP, ManualDDP):
             model = wrapper(copy.deepcopy(base), **kwargs)
             if name in HOOKS:
-                model.register_comm_hook(None, HOOKS[name])
+                model.register_comm_hook(None, HOOKS[name][wrapper is ManualDDP])
             results.append(_train(model, rank, set_to_none, micro_batch))
             if wrapper is ManualDDP and kwargs.get("gradient_as_bucket_view") and set_to_none is False:
                 flats = [b.flat for b in model.buckets]
@@ -137,3 +144,66 @@ def test_every_knob_bitwise_equal_to_stock(world_size):
             assert all(torch.equal(r[1][name], results[0][1][name]) for r in results), name
     if world_size > 1:  # without the broadcast each rank keeps its own running statistics
         assert not all(torch.equal(r[1]["buffers-off"], results[0][1]["buffers-off"]) for r in results)
+
+
+def _bad_hooks(rank, world_size):
+    messages = {}
+
+    def returns_a_tensor(state, bucket):
+        return bucket.buffer()
+
+    def returns_half(state, bucket):
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer()[: bucket.buffer().numel() // 2])
+        return future
+
+    for hook in (returns_a_tensor, returns_half):
+        model = ManualDDP(torch.nn.Linear(4, 3))
+        model.register_comm_hook(None, hook)
+        try:
+            model(torch.ones(2, 4)).sum().backward()
+        except UsageError as err:
+            messages[hook.__name__] = str(err)
+    model = ManualDDP(torch.nn.Linear(4, 3))
+    model.register_comm_hook(None, default_hooks.allreduce_hook)
+    try:
+        model.register_comm_hook(None, default_hooks.allreduce_hook)
+    except UsageError as err:
+        messages["twice"] = str(err)
+    model = ManualDDP(torch.nn.Linear(4, 3))
+    model(torch.ones(2, 4)).sum().backward()
+    try:  # stock 2.13 accepts this silently (its docs: "register before calling backward")
+        model.register_comm_hook(None, default_hooks.allreduce_hook)
+    except UsageError as err:
+        messages["late"] = str(err)
+    # bf16: stock refuses it without CUDA and NCCL; ManualDDP runs it on gloo.
+    try:
+        DDP(torch.nn.Linear(4, 3)).register_comm_hook(None, default_hooks.bf16_compress_hook)
+    except Exception as err:
+        messages["stock-bf16"] = str(err)
+    torch.manual_seed(0)
+    model = ManualDDP(torch.nn.Linear(4, 3))
+    model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(rank))
+    model(x).sum().backward()
+    own = torch.autograd.grad(model.module(x).sum(), model.module.weight)[0]
+    return messages, model.module.weight.grad, own
+
+
+def test_comm_hook_mistakes_are_clear_errors_and_bf16_runs_where_stock_refuses():
+    results = run_ranks(_bad_hooks, 2)
+    for messages, _, _ in results:
+        assert messages["returns_a_tensor"].startswith(
+            "comm hook _bad_hooks.<locals>.returns_a_tensor returned Tensor, not a torch.futures.Future")
+        assert messages["returns_half"].startswith(
+            "comm hook _bad_hooks.<locals>.returns_half must give a tensor of bucket 0's 15 elements,"
+            " it gave a tensor of 7 elements")
+        assert messages["twice"].startswith("register_comm_hook can only be called once")
+        assert messages["late"].startswith("register_comm_hook after training started")
+        assert messages["stock-bf16"].startswith("BF16 all reduce communication hook required CUDA 11+"
+                                                 " and NCCL 2.10+")  # stock, torch 2.13
+    # bf16 on gloo: the average of the two ranks' gradients, to bfloat16's 8 bits.
+    mean = (results[0][2] + results[1][2]) / 2
+    for _, grad, _ in results:
+        assert torch.allclose(grad, mean, rtol=2 ** -7, atol=1e-6)
+        assert torch.equal(grad, results[0][1])
