@@ -10,7 +10,8 @@ One "step" is what a training loop does per batch: zero_grad, forward, loss, bac
 contenders are timed in one run, on the same machine, one step each per round, in a
 shuffled order, so a slow minute (another process, a thermal dip) hits all of them alike. A step's time is
 the slowest rank's (the job waits for it); each contender's figure is the median over
-its timed steps, reported as a ratio to stock DDP's median: below 1.00x is faster.
+its timed steps, reported as a ratio to stock DDP's median: below 1.00x is faster;
+"view" and "fp16" rows also as a ratio to stock with the same setting.
 """
 
 import argparse
@@ -30,11 +31,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .ddp import ManualDDP
 from .launch import ddp_teardown
+from .hooks import fp16_mean_hook
 from .naive import NaiveDDP
 from .workarounds import import_dynamo_first
 
 SIZES = {"0.3M": (256, 4), "4M": (1024, 4), "17M": (2048, 4)}  # name: (width, layers)
-CONTENDERS = ["no sync", "naive", "bucketed", "stock"]
+CONTENDERS = ["no sync", "naive", "bucketed", "stock", "bucketed view", "stock view",
+              "bucketed fp16", "stock fp16"]
 
 
 def mlp(width, layers):
@@ -46,13 +49,38 @@ def mlp(width, layers):
 
 
 def wrap(contender, module, device):
+    """The contender's model. "view": gradient_as_bucket_view=True; "fp16": fp16_mean_hook."""
     if contender == "no sync":
         return module  # each rank trains alone: the compute-only floor
     if contender == "naive":
         return NaiveDDP(module)
-    if contender == "bucketed":
-        return ManualDDP(module)
-    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+    view = contender.endswith(" view")
+    if contender.startswith("bucketed"):
+        model = ManualDDP(module, gradient_as_bucket_view=view)
+    else:
+        model = DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
+                    gradient_as_bucket_view=view)
+    if contender.endswith(" fp16"):
+        model.register_comm_hook(None, fp16_mean_hook)
+    return model
+
+
+def grad_memory_mb(contender, model):
+    """MB held by .grad tensors and gradient buckets together, after a step (distinct storages)."""
+    storages = {}
+    for p in model.parameters():
+        if p.grad is not None:
+            s = p.grad.untyped_storage()
+            storages[s.data_ptr()] = s.nbytes()
+    if contender.startswith("bucketed"):
+        for b in model.buckets:
+            s = b.flat.untyped_storage()
+            storages[s.data_ptr()] = s.nbytes()
+    elif contender.startswith("stock") and not contender.endswith(" view"):
+        # Stock's buckets live in C++; the reducer hands out zero tensors of their shapes.
+        for i, b in enumerate(model.reducer._get_zeros_like_grad_buckets()):
+            storages[("stock bucket", i)] = b.buffer().numel() * b.buffer().element_size()
+    return sum(storages.values()) / 2**20
 
 
 def all_reduce_calls(contender, model, world_size):
@@ -60,7 +88,7 @@ def all_reduce_calls(contender, model, world_size):
         return 0
     if contender == "naive":
         return sum(p.requires_grad for p in model.parameters())
-    if contender == "bucketed":
+    if contender.startswith("bucketed"):
         return len(model.buckets)
     # Stock's reducer keeps its buckets in C++; its layout equals ManualDDP's bucketed
     # one (tests/test_buckets.py checks it through a comm hook), so its count is the same.
@@ -118,10 +146,14 @@ def bench_size(size, args, rank, world_size, device):
     for c in contenders:
         median = statistics.median(samples[c])
         synced = world_size > 1 and c != "no sync"
+        sent = grad_mb / 2 if c.endswith(" fp16") else grad_mb  # float16 on the wire
         calls = all_reduce_calls(c, models[c], world_size)
+        knob = c.split(" ", 1)[1] if c.startswith(("bucketed ", "stock ")) else None
+        twin = f"stock {knob}" if knob else None  # stock DDP with the same setting
+        same = f"{median / statistics.median(samples[twin]):.2f}x" if twin in samples else ""
         rows.append([world_size, size, f"{params / 1e6:.2f}M", c, f"{median * 1e3:.2f}",
-                     f"{median / stock:.2f}x", f"{grad_mb if synced else 0:.1f}",
-                     "=bucketed" if calls is None else calls])
+                     f"{median / stock:.2f}x", same, f"{sent if synced else 0:.1f}",
+                     "=bucketed" if calls is None else calls, f"{grad_memory_mb(c, models[c]):.1f}"])
     return rows
 
 
@@ -147,14 +179,15 @@ def _spawned(rank, world_size, args, store_file, out_file):
     ddp_teardown()  # the models died with bench_size()'s frames: the group is the last to go
 
 
-HEADERS = ["ranks", "model", "params", "contender", "median ms/step", "vs stock",
-           "MB all-reduced/step", "all_reduce calls/step"]
+HEADERS = ["ranks", "model", "params", "contender", "median ms/step", "vs stock", "vs stock, same knob",
+           "MB all-reduced/step", "all_reduce calls/step", "MB grads+buckets"]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
+    parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS,
+                        help="view: gradient_as_bucket_view=True; fp16: minddp.hooks.fp16_mean_hook")
     parser.add_argument("--world-sizes", nargs="+", type=int, default=[1, 2],
                         help="started here, one after another (ignored under torchrun)")
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
