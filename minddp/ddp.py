@@ -29,6 +29,10 @@ class ManualDDP(NaiveDDP):
     def __init__(self, module, process_group=None, bucket_cap_mb=None, broadcast_buffers=True,
                  gradient_as_bucket_view=False, find_unused_parameters=False):
         super().__init__(module, process_group, broadcast_buffers)
+        for name, p in zip(self._param_names, self._params):
+            if p.layout != torch.strided:
+                raise UsageError(f"parameter {name!r} is a {p.layout} tensor: ManualDDP's buckets"
+                                 f" hold dense (strided) parameters", hint="make it a dense parameter")
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.find_unused_parameters = find_unused_parameters
         self.size_limits = bucket_size_limits(bucket_cap_mb)
@@ -119,10 +123,19 @@ class ManualDDP(NaiveDDP):
         bucket, view = self._locator[index]
         param = self._params[index]
         grad, hook = param.grad, self._comm_hook
+        if grad is None and index in self._sparse:
+            raise UsageError(f"parameter {self._param_names[index]!r} expects a sparse gradient but got"
+                             f" none on this rank: a sparse bucket has nothing to send",
+                             hint="use the embedding on every rank in every step (stock DDP"
+                                  " raises 'Expected sparse gradient to be defined')")
         if grad is None:
             view.zero_()  # unused on this rank (find_unused_parameters): it adds nothing
         elif grad.is_sparse:
-            bucket.flat = grad if hook else grad / self.world_size  # travels as it is
+            # A sparse bucket is its one gradient, sent as it is (gloo sums sparse tensors),
+            # divided in place first, as stock divides it.
+            if hook is None:
+                grad.div_(self.world_size)
+            bucket.flat = grad
         elif _aliases(grad, view):
             # gradient_as_bucket_view: autograd accumulated into the bucket itself.
             if hook is None:
@@ -175,8 +188,12 @@ class ManualDDP(NaiveDDP):
         used = None
         for position, bucket in enumerate(self.buckets):
             result = self._wait(position, bucket)
-            if bucket.params[0].grad is not None and bucket.params[0].grad.is_sparse:
-                bucket.params[0].grad = result
+            if result.is_sparse:
+                # The all_reduce summed the sparse .grad in place, coalesced (duplicate rows
+                # added up). Alone (world size 1) it has no all_reduce: coalesce it here, or
+                # the optimizer would add duplicate rows one by one and round otherwise.
+                if not result.is_coalesced():
+                    bucket.params[0].grad = result.coalesce()
                 continue
             for i, view_in, view_out in zip(bucket.indices, bucket.views, bucket.views_of(result)):
                 param = self._params[i]

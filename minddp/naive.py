@@ -107,12 +107,17 @@ class NaiveDDP(nn.Module):
         # Divide *before* summing, as stock does: each rank scales its own gradient by
         # 1/world_size, so the sum is already the mean and no rank ever holds the
         # world_size-times-larger sum (which could overflow in half precision).
-        grad.mul_(1.0 / self.world_size)
+        if grad.is_sparse:
+            grad.div_(self.world_size)  # a sparse gradient (an embedding's): stock divides
+        else:
+            grad.mul_(1.0 / self.world_size)
         if self.world_size > 1:
             # Blocking: every rank calls this hook for the same parameters in the same
             # order (autograd walks the same graph everywhere), so the collectives pair
             # up. When it returns, this .grad is the average on every rank.
             dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.process_group)
+        if grad.is_sparse and not grad.is_coalesced():
+            param.grad = grad.coalesce()  # as gloo's sparse all_reduce returns it (see ddp.py)
 
     def _end_of_backward(self):
         self._expect_hooks = False
