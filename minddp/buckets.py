@@ -16,7 +16,6 @@ ManualDDP's gradients bitwise equal to stock's (tests/test_buckets.py).
 """
 
 import torch
-import torch.distributed as dist
 
 MB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25  # stock's bucket_cap_mb

@@ -28,8 +28,12 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def _entry(fn, rank, world_size, store_file, out_dir, args):
+def _entry(fn, rank, world_size, store_file, out_dir, args, gpu):
     try:
+        if not gpu:
+            # These tests mean CPU and gloo: on a GPU machine too (CUDA starts lazily, so
+            # hiding it here, before any CUDA call, is in time).
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
         torch.set_num_threads(1)
         import_dynamo_first()  # before the group, or the group outlives its destroy
         # A file store: no TCP port, so concurrent test runs never collide.
@@ -49,17 +53,17 @@ def _entry(fn, rank, world_size, store_file, out_dir, args):
         sys.exit(1)
 
 
-def run_ranks(fn, world_size, *args, timeout=90):
+def run_ranks(fn, world_size, *args, timeout=90, gpu=False):
     """Run fn(rank, world_size, *args) on `world_size` spawned gloo ranks; return [result per rank].
 
     fn must be a module-level function (spawn pickles it by name). A rank that fails
-    ends all of them at once; so does the deadline.
+    ends all of them at once; so does the deadline. CUDA is hidden unless gpu=True.
     """
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         done = [Path(tmp, f"rank{r}.done") for r in range(world_size)]
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, store, tmp, args))
+        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, store, tmp, args, gpu))
                  for r in range(world_size)]
         for p in procs:
             p.start()
@@ -126,14 +130,18 @@ class Hang(AssertionError):
         self.tag, self.stdout, self.stderr = tag, stdout, stderr
 
 
-def run(cmd, timeout=120, env=None):
+def run(cmd, timeout=120, env=None, gpu=False):
     """Run a command under a hard deadline; at the deadline kill all it started and raise Hang.
 
     Output goes to files, not pipes: a worker that outlives its launcher may hold a pipe
     open forever, and reading it would block; a file is read once the run is over.
+    CUDA is hidden from the command unless gpu=True: the suite means CPU and gloo, and
+    runs the same tests in about the same time on a GPU machine.
     """
     tag = uuid.uuid4().hex
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    if not gpu:
+        full_env["CUDA_VISIBLE_DEVICES"] = ""
     full_env[TAG] = tag
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, text=True, start_new_session=True,
@@ -155,8 +163,8 @@ def run(cmd, timeout=120, env=None):
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def torchrun(nproc, script, *args, timeout=120, launcher=()):
+def torchrun(nproc, script, *args, timeout=120, launcher=(), gpu=False):
     """`torchrun --standalone --nproc_per_node=N [launcher] script args`: --standalone picks a free port."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", *launcher, str(script), *map(str, args)]
-    return run(cmd, timeout=timeout)
+    return run(cmd, timeout=timeout, gpu=gpu)
