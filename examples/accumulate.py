@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches, ddp_setup,
-                    ddp_teardown, exit_on_usage_error, print0, print_rank, toy_datasets)
+from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches, check_replicas,
+                    ddp_setup, ddp_teardown, exit_on_usage_error, print0, print_rank, toy_datasets)
 from minddp.cli import add_ddp_flag, ddp_pieces, lesson_parser, parse_checked
 
 
@@ -52,6 +52,8 @@ def main(env, args):
             if sync:
                 grad_table.record(epoch)
                 optimizer.step()
+                if args.check_replicas:
+                    check_replicas(model)  # collective: the same weights everywhere
                 optimizer.zero_grad()  # after the step, not before each backward: we accumulate
 
     model.eval()

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches, ddp_setup,
-                    ddp_teardown, exit_on_usage_error, print0, print_rank, toy_datasets)
+from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches, check_replicas,
+                    ddp_setup, ddp_teardown, exit_on_usage_error, print0, print_rank, toy_datasets)
 from minddp.cli import lesson_parser, parse_checked
 from minddp import ShardSampler
 from minddp import ManualDDP
@@ -45,6 +45,8 @@ def main(env, args):
             loss.backward()  # when it returns, every .grad is the average over ranks
             grad_table.record(epoch)
             optimizer.step()
+            if args.check_replicas:
+                check_replicas(model)  # collective: every rank holds the same weights, bit for bit
             print_rank(f"Epoch: {epoch + 1:03d}/{args.epochs:03d}"
                        f" | Batchsize {labels.shape[0]:03d}"
                        f" | Train/Val Loss: {loss:.4f}")  # this rank's own loss

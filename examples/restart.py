@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches, ddp_setup,
-                    ddp_teardown, exit_on_usage_error, load_checkpoint, print0, print_rank,
+from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches, check_replicas,
+                    ddp_setup, ddp_teardown, exit_on_usage_error, load_checkpoint, print0, print_rank,
                     save_checkpoint, toy_datasets)
 from minddp.cli import add_ddp_flag, ddp_pieces, lesson_parser, parse_checked
 from minddp.faults import check_crash_step, crash_if_asked
@@ -57,6 +57,8 @@ def main(env, args):
             loss.backward()
             grad_table.record(epoch)
             optimizer.step()
+            if args.check_replicas:
+                check_replicas(model)  # collective: the same weights everywhere
             print_rank(f"Epoch: {epoch + 1:03d}/{args.epochs:03d}"
                        f" | Batchsize {labels.shape[0]:03d}"
                        f" | Train/Val Loss: {loss:.4f}")

@@ -1,10 +1,10 @@
 """Gradient buckets: many small all_reduces packed into a few large ones, stock DDP's way.
 
-    torchrun --nproc_per_node=2 -m minddp.bench     # what buckets buy, measured
+    python -m minddp.bench --contenders naive bucketed stock    # what buckets buy, timed
 
 Each all_reduce pays a fixed cost (a round trip between ranks, a kernel launch) on top of
 its bytes. A model with hundreds of parameters pays it hundreds of times per step when
-every gradient travels alone (ddp.py's naive mode). Buckets copy gradients into a few flat
+every gradient travels alone (naive.py's NaiveDDP). Buckets copy gradients into a few flat
 buffers and all-reduce each buffer once, asynchronously, as soon as its last gradient is
 ready, so communication runs while autograd is still computing the earlier layers.
 

@@ -82,6 +82,36 @@ def compare(meta_a, grads_a, meta_b, grads_b, atol=None, rtol=None):
     return rows, verdict, onset
 
 
+def disagreeing_ranks(grads):
+    """(step, rank, parameter) where a rank's gradient first differs from rank 0's, else None.
+
+    After a synced backward DDP gives every rank the same average: rows that differ
+    between ranks mean the averaging was skipped.
+    """
+    for step in range(next(iter(grads.values())).shape[0] if grads else 0):
+        for name, g in grads.items():
+            for rank in range(1, g.shape[1]):
+                if g[step, rank].tobytes() != g[step, 0].tobytes():
+                    return step, rank, name
+    return None
+
+
+def constant_factor(grads_a, grads_b, step):
+    """f when A's gradients are f times B's at `step`, element by element (to 1e-5), else None."""
+    ratios = []
+    for name in grads_a:
+        a, b = grads_a[name][step].astype(np.float64), grads_b[name][step].astype(np.float64)
+        keep = np.abs(b) > 1e-30
+        ratios.append(a[keep] / b[keep])
+    ratios = np.concatenate([r.ravel() for r in ratios]) if ratios else np.array([])
+    if ratios.size == 0:
+        return None
+    factor = float(np.median(ratios))
+    if abs(factor - 1) < 1e-5 or not np.all(np.abs(ratios - factor) <= 1e-5 * abs(factor)):
+        return None
+    return factor
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m minddp.diff", description=__doc__.split("\n\n")[0])
     parser.add_argument("a", help="gradient table of run A (PATH or PATH.npz)")
@@ -117,6 +147,21 @@ def main(argv=None):
               " than stock's flat buckets); later steps inherit it through the weights")
     else:
         print(": more than rounding, so the runs compute different gradients")
+        factor = constant_factor(grads_a, grads_b, step)
+        if factor is not None:
+            # The same weights (step 0, or the steps before the runs parted), gradients a
+            # constant factor apart: a loss or an average scaled differently.
+            guess = ("a sum not divided by world size?" if abs(factor - meta_a["world_size"]) < 1e-3
+                     else "a mean divided twice?" if abs(factor * meta_a["world_size"] - 1) < 1e-3
+                     else "a loss scaled differently?")
+            print(f"{factor:.3f}x: at step {step} A's gradients are {factor:.3f} times B's,"
+                  f" element by element: {guess}")
+    for label, grads in (("A", grads_a), ("B", grads_b)):
+        split = disagreeing_ranks(grads)
+        if split is not None:
+            print(f"table {label}: at step {split[0]} rank {split[1]}'s {split[2]!r} differs from rank"
+                  f" 0's, where a synced gradient is the same on every rank: the averaging was"
+                  f" skipped (no all_reduce?)")
     if verdict == 0:
         print(f"verdict: WITHIN TOLERANCE (atol={args.atol}, rtol={args.rtol}), not bitwise equal")
     else:

@@ -56,7 +56,7 @@ def test_manual_and_stock_tables_are_identical(launch, nproc):
 
 def test_three_processes_identical_too(launch):
     # At 3 ranks the order of the additions matters; buckets laid out as stock lays
-    # them out make ManualDDP add in stock's order (the naive mode does not: test_ddp.py).
+    # them out make ManualDDP add in stock's order (NaiveDDP does not: test_ddp.py).
     (_, stock), (_, manual) = launch(STOCK, 3, "--epochs", "1"), launch(MANUAL, 3, "--epochs", "1")
     verdict = diff(manual, stock)
     assert verdict.returncode == 0, verdict.stdout

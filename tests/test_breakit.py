@@ -1,0 +1,140 @@
+"""Break it and see: each DDP ingredient left out shows its symptom, in numbers; check_replicas.
+
+    pytest tests/test_breakit.py
+"""
+
+import re
+import sys
+
+import pytest
+import torch
+
+from helpers import REPO, run, run_ranks, torchrun
+from minddp import ReplicaError, UsageError, check_replicas
+
+BREAK = REPO / "examples" / "break_ddp.py"
+STOCK = REPO / "examples" / "stock_ddp.py"
+
+
+@pytest.fixture(scope="module")
+def verdicts():
+    result = torchrun(2, BREAK, "--break", "all")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dict(re.findall(r"^verdict: (\w+): (.*)$", result.stdout, re.M))
+
+
+def test_none_keeps_replicas_identical(verdicts):
+    assert verdicts["none"] == "replicas identical after every step (3 steps)"
+
+
+@pytest.mark.parametrize("broken,start", [("broadcast", "from the start"), ("average", "from step 1 on")])
+def test_broadcast_and_average_make_replicas_differ(verdicts, broken, start):
+    found = re.fullmatch(rf"replicas differ {start}: '(\S+)' on rank 1 differs from rank 0's"
+                         r" \(largest absolute difference ([0-9.e+-]+)\)", verdicts[broken])
+    assert found, verdicts[broken]
+    assert found.group(1) == "layers.0.weight" and float(found.group(2)) > 0
+
+
+def test_divide_gives_world_size_times_the_gradient(verdicts):
+    found = re.search(r"every gradient is ([0-9.]+)x stock DDP's \(min ([0-9.]+)x, max ([0-9.]+)x\)"
+                      r" at world size 2", verdicts["divide"])
+    assert found and verdicts["divide"].startswith("replicas identical"), verdicts["divide"]
+    assert [float(f) for f in found.groups()] == [2.0, 2.0, 2.0]
+
+
+def test_set_epoch_repeats_the_order(verdicts):
+    assert verdicts["set_epoch"].startswith("same order every epoch on every rank (3 epochs)")
+    for rank in (0, 1):
+        epochs = re.search(rf"rank {rank} ((?:\[[0-9, ]+\] ?)+)", verdicts["set_epoch"]).group(1)
+        orders = re.findall(r"\[[0-9, ]+\]", epochs)
+        assert len(orders) == 3 and len(set(orders)) == 1
+
+
+def test_shard_sees_every_example_world_size_times(verdicts):
+    assert verdicts["shard"].startswith("duplicate: each of the 5 examples is seen 2 times per epoch")
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("break-tables")
+    paths = {"stock": tmp / "stock.txt"}
+    assert torchrun(2, STOCK, "--grad-table", paths["stock"]).returncode == 0
+    for broken in ("none", "divide", "average"):
+        paths[broken] = tmp / f"{broken}.txt"
+        result = torchrun(2, BREAK, "--break", broken, "--grad-table", paths[broken])
+        assert result.returncode == 0, result.stderr[-3000:]
+    return paths
+
+
+def diff(a, b):
+    return run([sys.executable, "-m", "minddp.diff", str(a), str(b)], timeout=60)
+
+
+def test_diff_finds_the_missing_division_and_the_skipped_average(tables):
+    assert "verdict: IDENTICAL" in diff(tables["none"], tables["stock"]).stdout  # the inline DDP
+    divided = diff(tables["divide"], tables["stock"])
+    assert divided.returncode == 1
+    assert "2.000x: at step 0 A's gradients are 2.000 times B's, element by element: a sum not" \
+           " divided by world size?" in divided.stdout
+    skipped = diff(tables["average"], tables["stock"])
+    assert skipped.returncode == 1
+    assert "table A: at step 0 rank 1's 'layers.0.weight' differs from rank 0's" in skipped.stdout
+    assert "the averaging was skipped" in skipped.stdout and "table B:" not in skipped.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--break", "nothing"], "error: unknown --break 'nothing': choose one of all, none, broadcast,"
+                             " average, divide, set_epoch, shard"),
+    (["--break", "divide"], "error: the break-it demo needs 2 or more processes"),
+])
+def test_break_mistakes_are_one_line_and_a_hint(args, message):
+    result = run([sys.executable, str(BREAK), *args], timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(message) and lines[1].startswith("---> HINT:") and len(lines) == 2
+    if "processes" in message:
+        assert "torchrun --nproc_per_node=2 examples/break_ddp.py --break divide" in lines[1]
+
+
+def test_lesson_example_checks_replicas_every_step():
+    result = torchrun(2, REPO / "examples" / "manual_ddp.py", "--check-replicas")
+    assert result.returncode == 0 and "Test accuracy 1.0" in result.stdout, result.stderr[-2000:]
+
+
+class TiedWithBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(4, 4)
+        self.norm = torch.nn.BatchNorm1d(4)
+        self.head = torch.nn.Linear(4, 4)
+        self.head.weight = self.embed.weight  # tied: one tensor, listed once
+
+
+def _check(rank, world_size, where):
+    torch.manual_seed(0)
+    model = TiedWithBuffer() if where != "shape" else torch.nn.Linear(3, 3 + rank)
+    if rank == 1 and where == "weight":
+        with torch.no_grad():
+            model.embed.weight[2, 1] += 1e-6  # one element, one rank
+    if rank == 1 and where == "buffer":
+        model.norm.running_mean[0] = 0.5
+    try:
+        check_replicas(model)
+        return "identical"
+    except ReplicaError as err:
+        return "ReplicaError: " + err.message
+    except UsageError as err:
+        return "UsageError: " + err.message
+
+
+@pytest.mark.parametrize("where,expected", [
+    ("nowhere", "identical"),
+    ("weight", "ReplicaError: replicas differ: 'embed.weight' on rank 1 differs from rank 0's"
+               " (largest absolute difference 9.984e-07)"),  # 1e-6, as float32 rounds it there
+    ("buffer", "ReplicaError: replicas differ: 'norm.running_mean' on rank 1 differs from rank 0's"
+               " (largest absolute difference 5.000e-01)"),
+    ("shape", "UsageError: rank 1's model differs from rank 0's at parameter #0"),
+])
+def test_check_replicas(where, expected):
+    for message in run_ranks(_check, 2, where):
+        assert message.startswith(expected), message
