@@ -157,8 +157,8 @@ def bench_size(size, args, rank, world_size, device):
     return rows
 
 
-def run_rank(rank, world_size, args, store_file=None):
-    """One rank's whole benchmark; returns the table rows on rank 0."""
+def run_rank(rank, world_size, args, store_file=None, work=None):
+    """One rank's whole benchmark, work(size, args, rank, world_size, device) per model size."""
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world_size))
     device = torch.device(args.device if args.device != "cuda" else f"cuda:{rank % torch.cuda.device_count()}")
     if device.type == "cuda":
@@ -169,11 +169,12 @@ def run_rank(rank, world_size, args, store_file=None):
     else:
         dist.init_process_group(args.backend, init_method=f"file://{store_file}",
                                 rank=rank, world_size=world_size)
-    return [row for size in args.sizes for row in bench_size(size, args, rank, world_size, device)]
+    work = work or bench_size
+    return [row for size in args.sizes for row in work(size, args, rank, world_size, device)]
 
 
-def _spawned(rank, world_size, args, store_file, out_file):
-    rows = run_rank(rank, world_size, args, store_file)
+def _spawned(rank, world_size, args, store_file, out_file, work):
+    rows = run_rank(rank, world_size, args, store_file, work)
     if rank == 0:
         torch.save(rows, out_file)
     ddp_teardown()  # the models died with bench_size()'s frames: the group is the last to go
@@ -183,12 +184,10 @@ HEADERS = ["ranks", "model", "params", "contender", "median ms/step", "vs stock"
            "MB all-reduced/step", "all_reduce calls/step", "MB grads+buckets"]
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def common_parser(doc, default_world_sizes):
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS,
-                        help="view: gradient_as_bucket_view=True; fp16: minddp.hooks.fp16_mean_hook")
-    parser.add_argument("--world-sizes", nargs="+", type=int, default=[1, 2],
+    parser.add_argument("--world-sizes", nargs="+", type=int, default=default_world_sizes,
                         help="started here, one after another (ignored under torchrun)")
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -198,24 +197,39 @@ def main():
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per contender first")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
     parser.add_argument("--format", default="simple", help="tabulate format, e.g. github for docs")
-    args = parser.parse_args()
+    return parser
 
+
+def collect_rows(args, work):
+    """Every world size's rows (rank 0's), or None on a rank other than 0 under torchrun."""
     if "WORLD_SIZE" in os.environ:  # torchrun started us: one world size, ours
-        rows = run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+        rows = run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, work=work)
         ddp_teardown()
-        if int(os.environ["RANK"]) != 0:
-            return
-    else:
-        rows = []
-        for world_size in args.world_sizes:
-            with tempfile.TemporaryDirectory() as tmp:
-                out = os.path.join(tmp, "rows.pt")
-                mp.start_processes(_spawned, args=(world_size, args, os.path.join(tmp, "store"), out),
-                                   nprocs=world_size, start_method="spawn")
-                rows += torch.load(out, weights_only=False)
+        return rows if int(os.environ["RANK"]) == 0 else None
+    rows = []
+    for world_size in args.world_sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "rows.pt")
+            mp.start_processes(_spawned, args=(world_size, args, os.path.join(tmp, "store"), out, work),
+                               nprocs=world_size, start_method="spawn")
+            rows += torch.load(out, weights_only=False)
+    return rows
+
+
+def print_table(args, rows, headers, what="contender"):
     print(f"torch {torch.__version__} | {args.backend} on {args.device} | batch {args.batch}"
-          f" | {args.rounds} rounds x {args.steps} steps per contender | {os.cpu_count()} CPUs")
-    print(tabulate(rows, headers=HEADERS, tablefmt=args.format, disable_numparse=True))
+          f" | {args.rounds} rounds x {args.steps} steps per {what} | {os.cpu_count()} CPUs")
+    print(tabulate(rows, headers=headers, tablefmt=args.format, disable_numparse=True))
+
+
+def main():
+    parser = common_parser(__doc__, [1, 2])
+    parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS,
+                        help="view: gradient_as_bucket_view=True; fp16: minddp.hooks.fp16_mean_hook")
+    args = parser.parse_args()
+    rows = collect_rows(args, bench_size)
+    if rows is not None:
+        print_table(args, rows, HEADERS)
 
 
 if __name__ == "__main__":

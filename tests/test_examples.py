@@ -73,6 +73,12 @@ def test_gradient_accumulation_matches_stock(launch):
     assert "world size 2, 9 steps, 6 parameters" in verdict.stdout
 
 
+def test_zero1_example_equals_manual_ddp(launch):
+    (_, manual), (_, zero1) = launch(MANUAL, 2), launch(REPO / "examples" / "zero1.py", 2)
+    verdict = diff(zero1, manual)
+    assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stdout
+
+
 def test_diff_finds_a_run_with_another_seed(launch):
     (_, stock), (_, other) = launch(STOCK, 2), launch(MANUAL, 2, "--seed", "7")
     verdict = diff(other, stock)
