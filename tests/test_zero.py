@@ -141,7 +141,6 @@ def test_different_parameter_lists_are_a_clear_error():
 
 
 def test_zero_bench_reports_state_per_rank():
-
     result = run([sys.executable, "-m", "minddp.zero_bench", "--sizes", "0.3M", "--world-sizes", "2",
                   "--rounds", "2", "--warmup", "1"], timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
