@@ -16,8 +16,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from minddp import (GradTable, NeuralNetwork, ReplicaError, ShardSampler, UsageError, broadcast_parameters,
-                    check_replicas, ddp_setup, ddp_teardown, exit_on_usage_error, print0, toy_datasets)
+from minddp import (GradTable, NeuralNetwork, ReplicaError, ShardSampler, UsageError,
+                    broadcast_parameters, check_replicas, ddp_setup, ddp_teardown,
+                    exit_on_usage_error, print0, toy_datasets)
 from minddp.cli import lesson_parser, parse_checked
 
 BREAKS = {
@@ -82,7 +83,8 @@ def replicas_differ(model, step, differ_at):
 def verdict(env, broken, step, differ_at, factors, orders):
     if broken == "set_epoch":
         same = all(o == ranks[0] for ranks in orders for o in ranks)
-        shown = "; ".join(f"rank {r} " + " ".join(map(str, ranks)) for r, ranks in enumerate(orders))
+        shown = "; ".join(f"rank {r} " + " ".join(map(str, ranks))
+                          for r, ranks in enumerate(orders))
         return (f"{'same order' if same else 'a new order'} every epoch on every rank"
                 f" ({len(orders[0])} epochs): {shown}")
     if broken == "shard":
@@ -108,7 +110,8 @@ def main(env, args):
                    " broadcast; here each rank is seeded differently)")
         result = train(env, args, broken)
         if broken in ("set_epoch", "shard"):
-            print0(f"  replicas: {'differ' if result[1] else 'identical'}; the damage is in the data")
+            replicas = "differ" if result[1] else "identical"
+            print0(f"  replicas: {replicas}; the damage is in the data")
         print0(f"verdict: {broken}: {verdict(env, broken, *result)}")
 
 
@@ -120,15 +123,17 @@ if __name__ == "__main__":
         args = parse_checked(parser)
         if args.grad_table and args.broken == "all":
             raise UsageError("--grad-table records one break: name it with --break NAME",
-                             hint="--break divide --grad-table runs/divide.txt", same_on_every_rank=True)
+                             hint="--break divide --grad-table runs/divide.txt",
+                             same_on_every_rank=True)
         if args.broken not in ["all", *BREAKS]:
-            raise UsageError(f"unknown --break {args.broken!r}: choose one of all, {', '.join(BREAKS)}",
-                             hint="torchrun --nproc_per_node=2 examples/break_ddp.py --break average",
+            names = ", ".join(BREAKS)
+            raise UsageError(f"unknown --break {args.broken!r}: choose one of all, {names}",
+                             hint="torchrun --nproc_per_node=2 examples/break_ddp.py --break none",
                              same_on_every_rank=True)
         env = ddp_setup("gloo", "cpu", args.timeout)
         if env.world_size < 2:
             raise UsageError("the break-it demo needs 2 or more processes: with one, nothing can"
-                             " drift apart", hint=f"torchrun --nproc_per_node=2 examples/break_ddp.py"
-                             f" --break {args.broken}", same_on_every_rank=True)
+                             " drift apart", same_on_every_rank=True,
+                             hint=f"torchrun --nproc_per_node=2 examples/break_ddp.py --break {args.broken}")
         main(env, args)
         ddp_teardown()

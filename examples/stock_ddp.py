@@ -1,11 +1,9 @@
-"""Lesson 9.3: the toy network trained with DDP, stock PyTorch's or minddp's, on any machine.
+"""Lesson 9.3 on any machine; stock_ddp.py and manual_ddp.py differ only in the DDP lines.
 
     torchrun --nproc_per_node=2 examples/stock_ddp.py  --grad-table runs/stock.txt
     torchrun --nproc_per_node=2 examples/manual_ddp.py --grad-table runs/manual.txt
     python -m minddp.diff runs/manual.txt runs/stock.txt   # IDENTICAL, bit for bit
     python examples/manual_ddp.py                          # world size 1, no torchrun
-
-stock_ddp.py and manual_ddp.py differ only in the DDP lines: diff them.
 """
 
 import torch
@@ -15,6 +13,7 @@ from torch.utils.data import DataLoader
 from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches, check_replicas,
                     ddp_setup, ddp_teardown, exit_on_usage_error, print0, print_rank, toy_datasets)
 from minddp.cli import lesson_parser, parse_checked
+from minddp.timeline import record_timeline
 from torch.utils.data.distributed import DistributedSampler
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -33,6 +32,7 @@ def main(env, args):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     model = DDP(model, device_ids=env.device_ids)  # device_ids=None on CPU, [local_rank] on GPU
     grad_table = GradTable(model, args.grad_table)  # records nothing without --grad-table
+    timeline = record_timeline(model, optimizer, args.timeline)  # nothing without --timeline
 
     for epoch in range(args.epochs):
         train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
@@ -57,13 +57,13 @@ def main(env, args):
     print0(f"Training accuracy {train_acc}")
     print0(f"Test accuracy {test_acc}")
     grad_table.save()  # collective: rank 0 gathers every rank's rows and writes the file
+    timeline.save()  # collective, the same way
 
 
 if __name__ == "__main__":
     with exit_on_usage_error():  # a setup mistake: one line and a hint, exit status 2
         args = parse_checked(lesson_parser(__doc__))  # bad flags fail here, before training
         env = ddp_setup(args.backend, args.device, args.timeout)
-        print0(f"PyTorch {torch.__version__} | world size {env.world_size}"
-               f" | backend {env.backend} | device {env.device}")
+        print0(f"PyTorch {torch.__version__} | {env}")  # world size, backend and device
         main(env, args)
         ddp_teardown()  # after main() has returned and freed the model: launch.py says why

@@ -25,6 +25,8 @@ def lesson_parser(doc):
     parser.add_argument("--factor", type=int, default=1,
                         help="enlarge the 5-example training set this many times (the lesson's factor)")
     parser.add_argument("--grad-table", metavar="PATH", help="record every synced gradient to PATH")
+    parser.add_argument("--timeline", metavar="PATH",
+                        help="record backward and each bucket's all-reduce to a Chrome trace at PATH")
     parser.add_argument("--check-replicas", action="store_true",
                         help="after every optimizer step, check that all ranks hold the same weights")
     parser.add_argument("--timeout", type=float, default=120, metavar="S",

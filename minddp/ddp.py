@@ -17,6 +17,8 @@ same setting (tests/test_contract.py):
   register_comm_hook(state, hook)  the hook, not an all_reduce, reduces each bucket
 """
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -171,6 +173,8 @@ class ManualDDP(NaiveDDP):
             # async_op: returns at once; the reduction runs in the backend's own thread
             # while autograd goes on computing the earlier layers' gradients.
             bucket.work = dist.all_reduce(bucket.flat, group=self.process_group, async_op=True)
+        if self.timeline and bucket.work is not None:
+            self.timeline.comm(f"bucket {position}", bucket.nbytes(), bucket.work)
 
     def _finish(self, complete):
         """End of a synced backward: wait for every bucket, hand the averages to .grad.
@@ -179,6 +183,11 @@ class ManualDDP(NaiveDDP):
         not with this rank's half-reduced buffer.
         """
         self._backwards += 1
+        with self.timeline.span("compute", "blocked: wait for buckets", blocked=True) \
+                if self.timeline else contextlib.nullcontext():
+            self._finish_buckets(complete)
+
+    def _finish_buckets(self, complete):
         if not complete and not self.find_unused_parameters:
             for bucket in self.buckets:  # a backward that missed a parameter: only wait, reset
                 if hasattr(bucket.work, "wait"):

@@ -40,6 +40,9 @@ class DDPEnv:
     device: torch.device
     timeout: float = DEFAULT_TIMEOUT_S  # seconds a collective waits for its peers
 
+    def __str__(self):
+        return f"world size {self.world_size} | {self.backend} on {self.device}"
+
     @property
     def device_ids(self):
         """What stock DDP's `device_ids` wants: [index] for a CUDA module, None otherwise.

@@ -52,6 +52,7 @@ class NaiveDDP(nn.Module):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
+        self.timeline = None  # a minddp.timeline.Timeline records into it when set
         self._expect_hooks = False  # set by a synced forward, cleared when its backward ends
         self._arrived = []  # indices of the gradients that arrived in this backward
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
@@ -115,7 +116,13 @@ class NaiveDDP(nn.Module):
             # Blocking: every rank calls this hook for the same parameters in the same
             # order (autograd walks the same graph everywhere), so the collectives pair
             # up. When it returns, this .grad is the average on every rank.
+            start = self.timeline and self.timeline.now()
             dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.process_group)
+            if self.timeline:
+                nbytes = grad.numel() * grad.element_size()
+                end = self.timeline.now()
+                self.timeline.add("communication", f"param {index}", start, end, bytes=nbytes)
+                self.timeline.add("compute", "blocked: all_reduce", start, end, blocked=True)
         if grad.is_sparse and not grad.is_coalesced():
             param.grad = grad.coalesce()  # as gloo's sparse all_reduce returns it (see ddp.py)
 

@@ -3,6 +3,7 @@
     pytest tests/test_examples.py
 """
 
+import json
 import re
 import subprocess
 import sys
@@ -77,6 +78,16 @@ def test_zero1_example_equals_manual_ddp(launch):
     (_, manual), (_, zero1) = launch(MANUAL, 2), launch(REPO / "examples" / "zero1.py", 2)
     verdict = diff(zero1, manual)
     assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stdout
+
+
+def test_timeline_recording_changes_no_gradient(launch, tmp_path):
+    (_, plain) = launch(MANUAL, 2)
+    traced = tmp_path / "traced.txt"
+    result = torchrun(2, MANUAL, "--grad-table", traced, "--timeline", tmp_path / "t.json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "verdict: IDENTICAL" in diff(traced, plain).stdout
+    events = json.load(open(tmp_path / "t.json"))["traceEvents"]
+    assert {e["pid"] for e in events} == {0, 1} and any(e["name"] == "bucket 0" for e in events)
 
 
 def test_diff_finds_a_run_with_another_seed(launch):

@@ -36,7 +36,7 @@ def test_examples_on_the_gpu_are_identical(tmp_path, nproc, flags):
         tables[script] = tmp_path / f"{script.stem}.txt"
         result = torchrun(nproc, script, *flags, "--grad-table", tables[script], timeout=300, gpu=True)
         assert result.returncode == 0, result.stderr[-3000:]
-        assert "device cuda:0" in result.stdout
+        assert "on cuda:0" in result.stdout
         assert not any(w in result.stderr for w in OUR_WARNINGS), result.stderr[-3000:]
     verdict = diff(tables[MANUAL], tables[STOCK])
     assert verdict.returncode == 0 and "IDENTICAL" in verdict.stdout, verdict.stdout

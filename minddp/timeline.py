@@ -1,0 +1,296 @@
+"""See the overlap: when backward computes and when each bucket's all-reduce runs, per rank.
+
+    python -m minddp.timeline --size 17M --world-size 2             # naive, bucketed, stock
+    python -m minddp.timeline --ddp bucketed --out runs/timeline.json
+    torchrun --nproc_per_node=2 examples/manual_ddp.py --timeline runs/lesson.json
+
+Buckets exist so that communication runs while backward still computes. Recording (off
+unless asked for) notes, per step and rank: when backward starts, when each gradient
+arrives, when each bucket's all-reduce is launched and when it completes (a callback on
+its future, run when the backend finishes it, not when someone waits), where backward is
+*blocked* waiting (NaiveDDP's blocking calls, the wait at the end of backward), and the
+optimizer step. Stock DDP is timed through a comm hook that only wraps PyTorch's own
+allreduce_hook. One clock for all ranks of a machine (time.perf_counter: CLOCK_MONOTONIC).
+
+The output: a Chrome trace (Perfetto, chrome://tracing), a text timeline of one step, and
+the overlap figure: the share of communication time that ran while backward was
+computing, not blocked.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+COMPUTE, COMM = "compute", "communication"
+
+
+def now_us():
+    return time.perf_counter_ns() / 1000  # CLOCK_MONOTONIC on Linux: shared by the ranks
+
+
+class Timeline:
+    """Events of one rank: (step, track, name, start us, duration us, args)."""
+
+    def __init__(self, path=None):
+        self.path, self.events, self.step = path, [], 0
+
+    now = staticmethod(now_us)
+
+    def add(self, track, name, start, end, **args):
+        self.events.append({"step": self.step, "track": track, "name": name, "ts": start,
+                            "dur": max(end - start, 0.0), "args": args})
+
+    @contextlib.contextmanager
+    def span(self, track, name, **args):
+        start = now_us()
+        try:
+            yield
+        finally:
+            self.add(track, name, start, now_us(), **args)
+
+    def comm(self, name, nbytes, work):
+        """An async collective: launched now, done when its future completes."""
+        start, step = now_us(), self.step
+        future = work.get_future() if hasattr(work, "get_future") else work
+
+        def done(_):  # runs in the backend's thread, the moment the collective completes
+            self.events.append({"step": step, "track": COMM, "name": name, "ts": start,
+                                "dur": now_us() - start, "args": {"bytes": nbytes}})
+        future.then(done)
+
+    def save(self):
+        """Collective: call on every rank. Rank 0 writes every rank's events to the path."""
+        if self.path is None:
+            return None
+        everyone = [None] * dist.get_world_size()
+        dist.barrier()  # every collective of the run has completed, its callback too
+        dist.all_gather_object(everyone, self.events)
+        if dist.get_rank() == 0:
+            write_chrome_trace(self.path, everyone)
+        return everyone
+
+
+def record_timeline(model, optimizer, path):
+    """Record `model`'s steps into a Timeline (nothing at all when path is None)."""
+    timeline = Timeline(path)
+    if path is None:
+        return timeline
+    module = getattr(model, "module", model)
+    if hasattr(model, "timeline"):  # NaiveDDP, ManualDDP: they report their own events
+        model.timeline = timeline
+    else:  # stock DDP: its buckets, through a hook that only times allreduce_hook
+        model.register_comm_hook(None, _timed_allreduce_hook(timeline))
+    names = {p: n for n, p in module.named_parameters()}
+    for p in names:
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(
+                lambda p: timeline.add(COMPUTE, f"grad {names[p]}", now_us(), now_us()))
+
+    def backward_starts(_module, _inputs, output):
+        if torch.is_tensor(output) and output.requires_grad:
+            output.register_hook(lambda g: timeline.add(COMPUTE, "backward starts", now_us(), now_us()))
+    model.register_forward_hook(backward_starts)
+    starts = {}
+    optimizer.register_step_pre_hook(lambda *_: starts.update(t=now_us()))
+
+    def step_done(*_):
+        timeline.add(COMPUTE, "optimizer step", starts["t"], now_us())
+        timeline.step += 1
+    optimizer.register_step_post_hook(step_done)
+    return timeline
+
+
+def _timed_allreduce_hook(timeline):
+    def timed_allreduce_hook(state, bucket):
+        future = default_hooks.allreduce_hook(None, bucket)  # stock's own path, unchanged
+        buffer = bucket.buffer()
+        timeline.comm(f"bucket {bucket.index()}", buffer.numel() * buffer.element_size(), future)
+        return future
+    return timed_allreduce_hook
+
+
+def _merge(intervals):
+    merged = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
+
+
+def _length_inside(intervals, windows):
+    return sum(max(0.0, min(b, d) - max(a, c)) for a, b in intervals for c, d in windows)
+
+
+def overlap(events, step):
+    """Share of this step's communication time that ran while backward computed, unblocked."""
+    mine = [e for e in events if e["step"] == step]
+    starts = [e["ts"] for e in mine if e["name"] == "backward starts"]
+    grads = [e["ts"] for e in mine if e["name"].startswith("grad ")]
+    comm = _merge([(e["ts"], e["ts"] + e["dur"]) for e in mine if e["track"] == COMM])
+    total = sum(b - a for a, b in comm)
+    if not starts or not grads or total == 0:
+        return None
+    computing = [(min(starts), max(grads))]  # backward, until the last gradient arrived
+    blocked = _merge([(e["ts"], e["ts"] + e["dur"]) for e in mine if e["args"].get("blocked")])
+    while_computing = _pieces_inside(comm, computing)
+    busy = sum(b - a for a, b in while_computing) - _length_inside(while_computing, blocked)
+    return busy / total
+
+
+def _pieces_inside(intervals, windows):
+    return [(max(a, c), min(b, d)) for a, b in intervals for c, d in windows if min(b, d) > max(a, c)]
+
+
+def text_timeline(everyone, step, width=72):
+    """Rows per rank and track, time across: = computing, B blocked, O optimizer, digits buckets."""
+    events = [(r, e) for r, evs in enumerate(everyone) for e in evs if e["step"] == step]
+    if not events:
+        return "(no events)"
+    t0 = min(e["ts"] for _, e in events)
+    t1 = max(e["ts"] + e["dur"] for _, e in events)
+    scale = width / max(t1 - t0, 1.0)
+    col = lambda t: min(width - 1, int((t - t0) * scale))  # noqa: E731
+    lines = [f"step {step}: {(t1 - t0) / 1000:.1f} ms across, one column = {(t1 - t0) / width / 1000:.2f} ms"]
+    for rank, evs in enumerate(everyone):
+        mine = [e for e in evs if e["step"] == step]
+        compute, comm = [" "] * width, [" "] * width
+        starts = [e["ts"] for e in mine if e["name"] == "backward starts"]
+        grads = [e["ts"] for e in mine if e["name"].startswith("grad ")]
+        if starts and grads:
+            for c in range(col(min(starts)), col(max(grads)) + 1):
+                compute[c] = "="
+        for e in mine:
+            span = range(col(e["ts"]), col(e["ts"] + e["dur"]) + 1)
+            if e["args"].get("blocked"):
+                for c in span:
+                    compute[c] = "B"
+            elif e["name"] == "optimizer step":
+                for c in span:
+                    compute[c] = "O"
+            elif e["track"] == COMM:
+                mark = e["name"].split()[-1][-1]
+                for c in span:
+                    comm[c] = mark
+        lines.append(f"rank {rank} compute |{''.join(compute)}|")
+        lines.append(f"rank {rank} comm    |{''.join(comm)}|")
+    return "\n".join(lines)
+
+
+def write_chrome_trace(path, everyone):
+    """Chrome trace-event JSON: a process per rank, a thread per track, 'X' events."""
+    tracks = {COMPUTE: 0, COMM: 1}
+    events = []
+    for rank, evs in enumerate(everyone):
+        events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
+        for track, tid in tracks.items():
+            events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": track}})
+        for e in evs:
+            events.append({"name": e["name"], "ph": "X" if e["dur"] > 0 else "i", "pid": rank,
+                           "tid": tracks[e["track"]], "ts": e["ts"], "dur": e["dur"], "s": "t",
+                           "args": {**e["args"], "step": e["step"]}})
+    with open(path, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+
+
+def _run_rank(rank, world_size, args, store_file, out_file):
+    from .bench import SIZES, mlp
+    from .ddp import ManualDDP
+    from .launch import ddp_teardown
+    from .naive import NaiveDDP
+    from .workarounds import import_dynamo_first
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    import_dynamo_first()
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world_size)
+    results = {}
+    for kind in args.kinds:
+        torch.manual_seed(0)
+        width, layers = SIZES[args.size]
+        model = mlp(width, layers)
+        if kind == "naive":
+            model = NaiveDDP(model)
+        elif kind == "bucketed":
+            model = ManualDDP(model)
+        else:
+            model = torch.nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        timeline = record_timeline(model, optimizer, _out_path(args.out, kind, args.kinds) or "unused")
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(args.steps):
+            x, y = torch.randn(64, width, generator=g), torch.randint(0, 10, (64,), generator=g)
+            dist.barrier()  # steps start together: the picture shows one step, not drift
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        everyone = timeline.save() if args.out else _gather(timeline)
+        last = args.steps - 1  # the first steps differ: one bucket, then rebuilt
+        results[kind] = (text_timeline(everyone, last),
+                         [overlap(evs, last) for evs in everyone], everyone)
+        del model, optimizer
+    if rank == 0:
+        torch.save({k: v[:2] for k, v in results.items()}, out_file)
+    ddp_teardown()
+
+
+def _gather(timeline):
+    everyone = [None] * dist.get_world_size()
+    dist.barrier()
+    dist.all_gather_object(everyone, timeline.events)
+    return everyone
+
+
+def _out_path(out, kind, kinds):
+    if out is None or len(kinds) == 1:
+        return out
+    root, ext = os.path.splitext(out)
+    return f"{root}-{kind}{ext or '.json'}"
+
+
+def main(argv=None):
+    import tempfile
+    import torch.multiprocessing as mp
+    from .bench import SIZES
+    from .cli import check_output_path
+    from .errors import UsageError, exit_on_usage_error
+    parser = argparse.ArgumentParser(prog="python -m minddp.timeline", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="17M", choices=list(SIZES), help="the benchmark's MLP")
+    parser.add_argument("--world-size", type=int, default=2, help="ranks, started here (gloo, CPU)")
+    parser.add_argument("--ddp", default="all", choices=["naive", "bucketed", "stock", "all"])
+    parser.add_argument("--steps", type=int, default=4, help="steps; the last one is drawn")
+    parser.add_argument("--out", metavar="PATH", help="Chrome trace JSON (with --ddp all: PATH-naive.json, ...)")
+    args = parser.parse_args(argv)
+    args.kinds = ["naive", "bucketed", "stock"] if args.ddp == "all" else [args.ddp]
+    with exit_on_usage_error():
+        if args.out:
+            check_output_path(args.out, "--out")
+        if args.steps < 2 or args.world_size < 1:
+            raise UsageError("--steps must be 2 or more and --world-size 1 or more",
+                             hint="e.g. --steps 4 --world-size 2")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "results.pt")
+        mp.start_processes(_run_rank, args=(args.world_size, args, os.path.join(tmp, "store"), out),
+                           nprocs=args.world_size, start_method="spawn")
+        results = torch.load(out, weights_only=False)
+    print(f"torch {torch.__version__} | {args.size} MLP | {args.world_size} gloo rank(s) |"
+          f" {os.cpu_count()} CPUs | = backward computing, B blocked, O optimizer step, digits: buckets")
+    for kind, (text, overlaps) in results.items():
+        shares = ", ".join("n/a" if o is None else f"{100 * o:.0f}%" for o in overlaps)
+        print(f"\n{kind}: communication overlapped with backward: {shares} (per rank)")
+        if args.world_size == 1:
+            print("(world size 1: nothing to communicate, nothing to draw on the comm rows)")
+        print(text)
+        if args.out:
+            print(f"trace: {_out_path(args.out, kind, args.kinds)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

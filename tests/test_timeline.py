@@ -1,0 +1,75 @@
+"""The overlap timeline: a Chrome trace that says what it should, and an overlap figure that tells
+the naive way from the bucketed one.
+
+    pytest tests/test_timeline.py
+"""
+
+import json
+import re
+import sys
+
+import pytest
+
+from helpers import run
+
+# 4.21M parameters (16.8 MB of float32 gradients): after the first step, 2 buckets.
+TOTAL_BYTES = 4 * (4 * (1024 * 1024 + 1024) + 1024 * 10 + 10)
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    out = tmp_path_factory.mktemp("timeline") / "t.json"
+    result = run([sys.executable, "-m", "minddp.timeline", "--size", "4M", "--world-size", "2",
+                  "--steps", "3", "--out", str(out)], timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    traces = {kind: json.load(open(str(out).replace(".json", f"-{kind}.json")))["traceEvents"]
+              for kind in ("naive", "bucketed", "stock")}
+    return result.stdout, traces
+
+
+def test_trace_has_both_ranks_and_both_tracks(traced):
+    for kind, events in traced[1].items():
+        names = {(e["pid"], e["args"]["name"]) for e in events if e["ph"] == "M"}
+        assert names == {(0, "rank 0"), (1, "rank 1"), (0, "compute"), (0, "communication"),
+                         (1, "compute"), (1, "communication")}, kind
+
+
+@pytest.mark.parametrize("kind", ["bucketed", "stock"])
+def test_one_all_reduce_per_bucket_per_step_with_its_bytes(traced, kind):
+    events = [e for e in traced[1][kind] if e["ph"] != "M"]
+    for rank in (0, 1):
+        for step in range(3):
+            comm = [e for e in events if e["pid"] == rank and e["tid"] == 1 and e["args"]["step"] == step]
+            assert sorted(e["name"] for e in comm) == (["bucket 0"] if step == 0 else ["bucket 0", "bucket 1"])
+            assert sum(e["args"]["bytes"] for e in comm) == TOTAL_BYTES  # every gradient, once
+            mine = [e for e in events if e["pid"] == rank and e["args"]["step"] == step]
+            start = min(e["ts"] for e in mine if e["name"] == "backward starts")
+            end = max(e["ts"] + e["dur"] for e in mine if e["name"] == "optimizer step")
+            assert all(start <= e["ts"] and e["ts"] + e["dur"] <= end for e in comm)  # inside the step
+
+
+def test_naive_overlaps_nothing_and_buckets_overlap(traced):
+    shares = dict(re.findall(r"^(\w+): communication overlapped with backward: (.*) \(per rank\)",
+                             traced[0], re.M))
+    naive = [float(s.rstrip("%")) for s in shares["naive"].split(", ")]
+    bucketed = [float(s.rstrip("%")) for s in shares["bucketed"].split(", ")]
+    assert naive == [0.0, 0.0]  # every all_reduce blocks backward
+    assert all(b > 5 for b in bucketed), shares  # bucket 0 leaves while backward computes
+    assert "rank 1 comm    |" in traced[0] and "B" in traced[0]
+
+
+def test_missing_out_directory_is_refused_before_training(tmp_path):
+    result = run([sys.executable, "-m", "minddp.timeline", "--out", str(tmp_path / "no" / "t.json")],
+                 timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: --out {tmp_path / 'no' / 't.json'}: its directory")
+    assert len(result.stderr.splitlines()) == 2
+
+
+def test_world_size_one_works_and_says_so(tmp_path):
+    result = run([sys.executable, "-m", "minddp.timeline", "--size", "0.3M", "--world-size", "1",
+                  "--ddp", "bucketed", "--out", str(tmp_path / "one.json")], timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "world size 1: nothing to communicate" in result.stdout
+    assert "communication overlapped with backward: n/a" in result.stdout
+    assert json.load(open(tmp_path / "one.json"))["traceEvents"]
