@@ -134,6 +134,7 @@ if __name__ == "__main__":
         if env.world_size < 2:
             raise UsageError("the break-it demo needs 2 or more processes: with one, nothing can"
                              " drift apart", same_on_every_rank=True,
-                             hint=f"torchrun --nproc_per_node=2 examples/break_ddp.py --break {args.broken}")
+                             hint="torchrun --nproc_per_node=2 examples/break_ddp.py"
+                                  f" --break {args.broken}")
         main(env, args)
         ddp_teardown()

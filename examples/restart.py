@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches, check_replicas,
-                    ddp_setup, ddp_teardown, exit_on_usage_error, load_checkpoint, print0, print_rank,
-                    save_checkpoint, toy_datasets)
+                    ddp_setup, ddp_teardown, exit_on_usage_error, load_checkpoint, print0,
+                    print_rank, save_checkpoint, toy_datasets)
 from minddp.cli import add_ddp_flag, ddp_pieces, lesson_parser, parse_checked
 from minddp.faults import check_crash_step, crash_if_asked
 
@@ -79,7 +79,8 @@ if __name__ == "__main__":
         parser.add_argument("--checkpoint", metavar="PATH", required=True,
                             help="save after every epoch; if PATH exists at start, resume from it")
         parser.add_argument("--crash-at-step", type=int, metavar="K",
-                            help="one rank exits abruptly as step K (from 1) begins, first attempt only")
+                            help="one rank exits abruptly as step K (from 1) begins,"
+                                 " first attempt only")
         parser.add_argument("--crash-rank", type=int, metavar="R",
                             help="the rank that crashes (default: the last)")
         args = parse_checked(parser)

@@ -22,7 +22,8 @@ from .toy import NeuralNetwork, ToyDataset, all_reduce_accuracy, compute_accurac
 
 __all__ = [
     "broadcast_parameters", "check_same_model", "load_checkpoint", "save_checkpoint",
-    "ManualDDP", "NaiveDDP", "ShardedOptimizer", "ReplicaError", "check_replicas", "UsageError", "exit_on_usage_error", "GradTable",
+    "ManualDDP", "NaiveDDP", "ShardedOptimizer", "ReplicaError", "check_replicas", "UsageError",
+    "exit_on_usage_error", "GradTable",
     "DDPEnv", "ddp_setup", "ddp_teardown", "print0", "print_rank", "ShardSampler", "check_batches",
     "NeuralNetwork", "ToyDataset", "all_reduce_accuracy", "compute_accuracy", "toy_datasets",
 ]

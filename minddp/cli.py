@@ -21,20 +21,25 @@ def lesson_parser(doc):
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=3, help="passes over the training set")
-    parser.add_argument("--seed", type=int, default=123, help="torch.manual_seed before data and model")
+    parser.add_argument("--seed", type=int, default=123,
+                        help="torch.manual_seed before data and model")
     parser.add_argument("--factor", type=int, default=1,
-                        help="enlarge the 5-example training set this many times (the lesson's factor)")
+                        help="enlarge the 5-example training set this many times"
+                             " (the lesson's factor)")
     parser.add_argument("--grad-table", metavar="PATH", help="record every synced gradient to PATH")
     parser.add_argument("--timeline", metavar="PATH",
-                        help="record backward and each bucket's all-reduce to a Chrome trace at PATH")
+                        help="record backward and each bucket's all-reduce"
+                             " to a Chrome trace at PATH")
     parser.add_argument("--check-replicas", action="store_true",
-                        help="after every optimizer step, check that all ranks hold the same weights")
+                        help="after every optimizer step, check that all ranks"
+                             " hold the same weights")
     parser.add_argument("--timeout", type=float, default=120, metavar="S",
                         help="seconds a rank waits in a collective for its peers before failing")
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
                         help="auto: nccl with one GPU per process, else gloo")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
-                        help="auto: cuda:LOCAL_RANK with nccl, mps for one process on a Mac, else cpu")
+                        help="auto: cuda:LOCAL_RANK with nccl, mps for one process on a Mac,"
+                             " else cpu")
     return parser
 
 
@@ -54,7 +59,8 @@ def parse_checked(parser, argv=None):
     for arg in unknown:
         flag = arg.split("=")[0]
         if flag in MOVED:
-            raise UsageError(f"{flag} is not a flag of this example: it lives in examples/{MOVED[flag]}",
+            raise UsageError(f"{flag} is not a flag of this example:"
+                             f" it lives in examples/{MOVED[flag]}",
                              hint=f"torchrun --nproc_per_node=2 examples/{MOVED[flag]} {flag} ...",
                              same_on_every_rank=True)
     if unknown:
@@ -88,7 +94,8 @@ def check_output_path(path, flag):
     if os.path.isdir(path):
         problem = "is a directory, not a file name"
     elif not os.path.isdir(directory):
-        problem, hint = f"its directory {directory} does not exist", f"mkdir -p {directory}, or {hint}"
+        problem = f"its directory {directory} does not exist"
+        hint = f"mkdir -p {directory}, or {hint}"
     elif not _can_write_in(directory):
         problem = f"its directory {directory} is not writable"
     else:
@@ -102,7 +109,7 @@ def add_ddp_flag(parser):
 
 
 def ddp_pieces(kind):
-    """(sampler class, wrap(model, env)) for --ddp: the lines stock_ddp.py and manual_ddp.py differ in."""
+    """(sampler class, wrap(model, env)) for --ddp: where stock_ddp.py and manual_ddp.py differ."""
     if kind == "stock":
         from torch.nn.parallel import DistributedDataParallel as DDP
         from torch.utils.data.distributed import DistributedSampler

@@ -34,7 +34,8 @@ class ManualDDP(NaiveDDP):
         for name, p in zip(self._param_names, self._params):
             if p.layout != torch.strided:
                 raise UsageError(f"parameter {name!r} is a {p.layout} tensor: ManualDDP's buckets"
-                                 f" hold dense (strided) parameters", hint="make it a dense parameter")
+                                 f" hold dense (strided) parameters",
+                                 hint="make it a dense parameter")
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.find_unused_parameters = find_unused_parameters
         self.size_limits = bucket_size_limits(bucket_cap_mb)
@@ -64,7 +65,8 @@ class ManualDDP(NaiveDDP):
             for i, view in zip(bucket.indices, bucket.views):
                 self._locator[i] = (bucket, view)
                 p = self._params[i]
-                if self.gradient_as_bucket_view and p.grad is not None and not _aliases(p.grad, view):
+                moved = p.grad is not None and not _aliases(p.grad, view)
+                if self.gradient_as_bucket_view and moved:
                     view.copy_(p.grad)  # after a rebuild, .grad moves into its new bucket
                     p.grad = view
         self._next_bucket = 0
@@ -80,14 +82,16 @@ class ManualDDP(NaiveDDP):
                              hint="register one hook; to combine two, write one that calls both")
         if self._backwards:
             raise UsageError("register_comm_hook after training started",
-                             hint="register the hook right after wrapping the model, before any backward")
+                             hint="register the hook right after wrapping the model,"
+                                  " before any backward")
         self._comm_hook = (state, hook)
 
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self._rebuild_buckets()  # once, after the first synced backward
         output = super().forward(*args, **kwargs)
-        if self.find_unused_parameters and torch.is_grad_enabled() and self.require_backward_grad_sync:
+        synced = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if self.find_unused_parameters and synced:
             self._unused = _unused_parameters(output, self._params)
         return output
 
@@ -126,8 +130,8 @@ class ManualDDP(NaiveDDP):
         param = self._params[index]
         grad, hook = param.grad, self._comm_hook
         if grad is None and index in self._sparse:
-            raise UsageError(f"parameter {self._param_names[index]!r} expects a sparse gradient but got"
-                             f" none on this rank: a sparse bucket has nothing to send",
+            raise UsageError(f"parameter {self._param_names[index]!r} expects a sparse gradient"
+                             f" but got none on this rank: a sparse bucket has nothing to send",
                              hint="use the embedding on every rank in every step (stock DDP"
                                   " raises 'Expected sparse gradient to be defined')")
         if grad is None:
@@ -154,10 +158,12 @@ class ManualDDP(NaiveDDP):
         bucket.pending -= 1
         # Launch strictly in bucket order, on every rank the same: collectives pair up by
         # the order they are issued, so bucket 1 may not overtake bucket 0 even if ready.
-        while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
+        buckets = self.buckets
+        while self._next_bucket < len(buckets) and buckets[self._next_bucket].pending == 0:
             self._launch(self._next_bucket)
             self._next_bucket += 1
-        if self._next_bucket == len(self.buckets) and self.find_unused_parameters and self.world_size > 1:
+        all_sent = self._next_bucket == len(buckets)
+        if all_sent and self.find_unused_parameters and self.world_size > 1:
             # Which parameters did *any* rank use? A parameter unused everywhere keeps
             # its .grad untouched (None stays None); used somewhere, it gets the average.
             self._used_anywhere = self._used.clone()  # reduced in flight; self._used stays local
@@ -231,8 +237,9 @@ class ManualDDP(NaiveDDP):
         name = getattr(hook, "__qualname__", repr(hook))
         if not isinstance(bucket.work, torch._C.Future):  # torch.futures.Future's base
             raise UsageError(f"comm hook {name} returned {type(bucket.work).__name__}, not a"
-                             f" torch.futures.Future", hint="return the future of an async collective,"
-                             " e.g. dist.all_reduce(t, async_op=True).get_future()")
+                             f" torch.futures.Future",
+                             hint="return the future of an async collective,"
+                                  " e.g. dist.all_reduce(t, async_op=True).get_future()")
         result = bucket.work.wait()
         if isinstance(result, list) and len(result) == 1:
             result = result[0]  # an all_reduce's future holds [tensor]
@@ -271,7 +278,8 @@ def _aliases(a, b):
 def _sparse_gradient(module, param):
     """Will `param` get a sparse gradient? (nn.Embedding / EmbeddingBag with sparse=True)"""
     return any(getattr(m, "sparse", False) is True and m.weight is param
-               for m in module.modules() if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)))
+               for m in module.modules()
+               if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)))
 
 
 def _unused_parameters(output, params):

@@ -95,7 +95,8 @@ def record_timeline(model, optimizer, path):
 
     def backward_starts(_module, _inputs, output):
         if torch.is_tensor(output) and output.requires_grad:
-            output.register_hook(lambda g: timeline.add(COMPUTE, "backward starts", now_us(), now_us()))
+            output.register_hook(
+                lambda g: timeline.add(COMPUTE, "backward starts", now_us(), now_us()))
     model.register_forward_hook(backward_starts)
     starts = {}
     optimizer.register_step_pre_hook(lambda *_: starts.update(t=now_us()))
@@ -147,7 +148,8 @@ def overlap(events, step):
 
 
 def _pieces_inside(intervals, windows):
-    return [(max(a, c), min(b, d)) for a, b in intervals for c, d in windows if min(b, d) > max(a, c)]
+    return [(max(a, c), min(b, d))
+            for a, b in intervals for c, d in windows if min(b, d) > max(a, c)]
 
 
 def text_timeline(everyone, step, width=72):
@@ -159,7 +161,8 @@ def text_timeline(everyone, step, width=72):
     t1 = max(e["ts"] + e["dur"] for _, e in events)
     scale = width / max(t1 - t0, 1.0)
     col = lambda t: min(width - 1, int((t - t0) * scale))  # noqa: E731
-    lines = [f"step {step}: {(t1 - t0) / 1000:.1f} ms across, one column = {(t1 - t0) / width / 1000:.2f} ms"]
+    lines = [f"step {step}: {(t1 - t0) / 1000:.1f} ms across,"
+             f" one column = {(t1 - t0) / width / 1000:.2f} ms"]
     for rank, evs in enumerate(everyone):
         mine = [e for e in evs if e["step"] == step]
         compute, comm = [" "] * width, [" "] * width
@@ -190,9 +193,11 @@ def write_chrome_trace(path, everyone):
     tracks = {COMPUTE: 0, COMM: 1}
     events = []
     for rank, evs in enumerate(everyone):
-        events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
+        events.append({"name": "process_name", "ph": "M", "pid": rank,
+                       "args": {"name": f"rank {rank}"}})
         for track, tid in tracks.items():
-            events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": track}})
+            events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
+                           "args": {"name": track}})
         for e in evs:
             events.append({"name": e["name"], "ph": "X" if e["dur"] > 0 else "i", "pid": rank,
                            "tid": tracks[e["track"]], "ts": e["ts"], "dur": e["dur"], "s": "t",
@@ -209,7 +214,8 @@ def _run_rank(rank, world_size, args, store_file, out_file):
     from .workarounds import import_dynamo_first
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     import_dynamo_first()
-    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world_size)
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank,
+                            world_size=world_size)
     results = {}
     for kind in args.kinds:
         torch.manual_seed(0)
@@ -222,7 +228,8 @@ def _run_rank(rank, world_size, args, store_file, out_file):
         else:
             model = torch.nn.parallel.DistributedDataParallel(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-        timeline = record_timeline(model, optimizer, _out_path(args.out, kind, args.kinds) or "unused")
+        path = _out_path(args.out, kind, args.kinds) or "unused"  # recorded, written if --out
+        timeline = record_timeline(model, optimizer, path)
         g = torch.Generator().manual_seed(rank)
         for _ in range(args.steps):
             x, y = torch.randn(64, width, generator=g), torch.randint(0, 10, (64,), generator=g)
@@ -260,12 +267,14 @@ def main(argv=None):
     from .bench import SIZES
     from .cli import check_output_path
     from .errors import UsageError, exit_on_usage_error
-    parser = argparse.ArgumentParser(prog="python -m minddp.timeline", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m minddp.timeline",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="17M", choices=list(SIZES), help="the benchmark's MLP")
     parser.add_argument("--world-size", type=int, default=2, help="ranks, started here (gloo, CPU)")
     parser.add_argument("--ddp", default="all", choices=["naive", "bucketed", "stock", "all"])
     parser.add_argument("--steps", type=int, default=4, help="steps; the last one is drawn")
-    parser.add_argument("--out", metavar="PATH", help="Chrome trace JSON (with --ddp all: PATH-naive.json, ...)")
+    parser.add_argument("--out", metavar="PATH",
+                        help="Chrome trace JSON (with --ddp all: PATH-naive.json, ...)")
     args = parser.parse_args(argv)
     args.kinds = ["naive", "bucketed", "stock"] if args.ddp == "all" else [args.ddp]
     with exit_on_usage_error():
@@ -280,7 +289,8 @@ def main(argv=None):
                            nprocs=args.world_size, start_method="spawn")
         results = torch.load(out, weights_only=False)
     print(f"torch {torch.__version__} | {args.size} MLP | {args.world_size} gloo rank(s) |"
-          f" {os.cpu_count()} CPUs | = backward computing, B blocked, O optimizer step, digits: buckets")
+          f" {os.cpu_count()} CPUs | = backward computing, B blocked, O optimizer step,"
+          f" digits: buckets")
     for kind, (text, overlaps) in results.items():
         shares = ", ".join("n/a" if o is None else f"{100 * o:.0f}%" for o in overlaps)
         print(f"\n{kind}: communication overlapped with backward: {shares} (per rank)")

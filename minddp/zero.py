@@ -85,7 +85,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         loss = self.optim.step(closure)
         works = []
         for owner in range(self.world_size):
-            src = owner if self.process_group is None else dist.get_global_rank(self.process_group, owner)
+            src = owner if self.process_group is None else \
+                dist.get_global_rank(self.process_group, owner)
             for group in shards[owner]:
                 for p in group["params"]:
                     works.append(dist.broadcast(p.data, src=src, group=self.process_group,
@@ -130,7 +131,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         state = {local_index[params[i]]: value for i, value in state_dict["state"].items()
                  if params[i] in local_index}
         groups = [{**{k: v for k, v in g.items() if k != "params"},
-                   "params": [local_index[p] for p in g["params"]]} for g in self.optim.param_groups]
+                   "params": [local_index[p] for p in g["params"]]}
+                  for g in self.optim.param_groups]
         self.optim.load_state_dict({"state": state, "param_groups": groups})
         self._consolidated = None
 
@@ -145,5 +147,6 @@ def _check_same_parameters(param_groups, group):
     for rank, theirs in enumerate(everyone):
         if theirs != everyone[0]:
             raise UsageError(f"rank {rank}'s optimizer parameters differ from rank 0's (shapes"
-                             f" {theirs} vs {everyone[0]})", hint="build the same model on every rank"
-                             " and pass its parameters the same way", same_on_every_rank=True)
+                             f" {theirs} vs {everyone[0]})", same_on_every_rank=True,
+                             hint="build the same model on every rank and pass its parameters"
+                                  " the same way")

@@ -48,7 +48,8 @@ def zero_size(size, args, rank, world_size, device):
     optimizers = {w: optimizer_for(w, models[w].parameters()) for w in WAYS}
     g = torch.Generator().manual_seed(rank)
     batches = [(torch.randn(args.batch, SIZES[size][0], generator=g).to(device),
-                torch.randint(0, 10, (args.batch,), generator=g).to(device)) for _ in range(args.steps)]
+                torch.randint(0, 10, (args.batch,), generator=g).to(device))
+               for _ in range(args.steps)]
     for w in WAYS:  # warm-up: the optimizer state is created at the first step
         time_steps(models[w], optimizers[w], batches[:1] * args.warmup, device, world_size)
     samples = {w: [] for w in WAYS}
