@@ -34,4 +34,5 @@ try:
 except RuntimeError as err:
     print(f"\n{other} + cpu -> RuntimeError: {err}")
     print("  the fix: move both to one device first, e.g. on_cpu.to(device);")
-    print("  in training, move the model once and every batch: model.to(device), features.to(device)")
+    print("  in training, move the model once and every batch:"
+          " model.to(device), features.to(device)")

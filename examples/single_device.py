@@ -22,7 +22,8 @@ args = parser.parse_args()
 
 train_ds, test_ds = toy_datasets()
 torch.manual_seed(123)  # the earlier lessons' loader: shuffled, seeded
-train_loader = DataLoader(dataset=train_ds, batch_size=2, shuffle=True, num_workers=0, drop_last=True)
+train_loader = DataLoader(dataset=train_ds, batch_size=2, shuffle=True, num_workers=0,
+                          drop_last=True)
 test_loader = DataLoader(dataset=test_ds, batch_size=2, shuffle=False)
 
 torch.manual_seed(123)

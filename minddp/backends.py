@@ -1,6 +1,6 @@
 """Which backend and device a rank uses: the portability rules in one place.
 
-    python -c "from minddp.backends import choose_backend as c; print(c('auto', 'auto', 0, 2, 2, 0, 0, 0))"
+    python -c "from minddp.backends import *; print(choose_backend('auto', 'auto', 0,2,2,0,0,0))"
 
 The lesson's script hard-codes nccl and `cuda:rank`, which runs on a Linux box with one
 GPU per process and nowhere else. The rules below pick what each machine can run:
@@ -36,13 +36,16 @@ def choose_backend(backend, device, local_rank, local_world_size, world_size,
             raise UsageError("nccl does not run on Windows", hint="use --backend gloo")
         if cuda_count == 0:
             raise UsageError("nccl needs CUDA, but torch.cuda.is_available() is False here",
-                             hint="leave --backend at auto (gloo on CPU), or install a CUDA build of PyTorch",
+                             hint="leave --backend at auto (gloo on CPU),"
+                                  " or install a CUDA build of PyTorch",
                              same_on_every_rank=True)
         if local_rank >= cuda_count:
             # The lesson's script dies here with "CUDA error: invalid device ordinal".
-            raise UsageError(f"more ranks than GPUs: local rank {local_rank} needs cuda:{local_rank}, "
+            raise UsageError(f"more ranks than GPUs: local rank {local_rank} needs"
+                             f" cuda:{local_rank}, "
                              f"but this machine has {cuda_count} GPU(s)",
-                             hint=f"torchrun --nproc_per_node={cuda_count} ..., or --backend gloo to share GPUs or use the CPU")
+                             hint=f"torchrun --nproc_per_node={cuda_count} ...,"
+                                  " or --backend gloo to share GPUs or use the CPU")
         if device not in ("auto", "cuda"):
             raise UsageError(f"nccl moves CUDA tensors only, not {device} tensors",
                              hint="use --backend gloo with --device cpu", same_on_every_rank=True)
@@ -68,7 +71,8 @@ def choose_backend(backend, device, local_rank, local_world_size, world_size,
                              same_on_every_rank=True)
         return "gloo", "mps"
     if device == "auto" and enough_gpus:
-        return "gloo", f"cuda:{local_rank}"  # Windows with GPUs: the lesson's gloo + set_device path
+        # Windows with GPUs: the lesson's gloo + set_device path
+        return "gloo", f"cuda:{local_rank}"
     if device not in ("auto", "cpu"):
         raise UsageError(f"unknown device {device!r}", hint="choose auto, cpu, cuda or mps",
                          same_on_every_rank=True)

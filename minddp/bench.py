@@ -8,9 +8,9 @@
 One "step" is what a training loop does per batch: zero_grad, forward, loss, backward
 (which, with a DDP wrapper, includes averaging the gradients), optimizer.step(). The
 contenders are timed in one run, on the same machine, one step each per round, in a
-shuffled order, so a slow minute (another process, a thermal dip) hits all of them alike. A step's time is
-the slowest rank's (the job waits for it); each contender's figure is the median over
-its timed steps, reported as a ratio to stock DDP's median: below 1.00x is faster;
+shuffled order, so a slow minute (another process, a thermal dip) hits all of them alike.
+A step's time is the slowest rank's (the job waits for it); each contender's figure is the
+median over its timed steps, reported as a ratio to stock DDP's median: below 1.00x is faster;
 "view" and "fp16" rows also as a ratio to stock with the same setting.
 """
 
@@ -153,14 +153,16 @@ def bench_size(size, args, rank, world_size, device):
         same = f"{median / statistics.median(samples[twin]):.2f}x" if twin in samples else ""
         rows.append([world_size, size, f"{params / 1e6:.2f}M", c, f"{median * 1e3:.2f}",
                      f"{median / stock:.2f}x", same, f"{sent if synced else 0:.1f}",
-                     "=bucketed" if calls is None else calls, f"{grad_memory_mb(c, models[c]):.1f}"])
+                     "=bucketed" if calls is None else calls,
+                     f"{grad_memory_mb(c, models[c]):.1f}"])
     return rows
 
 
 def run_rank(rank, world_size, args, store_file=None, work=None):
     """One rank's whole benchmark, work(size, args, rank, world_size, device) per model size."""
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world_size))
-    device = torch.device(args.device if args.device != "cuda" else f"cuda:{rank % torch.cuda.device_count()}")
+    cuda = f"cuda:{rank % torch.cuda.device_count()}" if args.device == "cuda" else None
+    device = torch.device(cuda or args.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     import_dynamo_first()  # before the group: see launch.py
@@ -180,7 +182,8 @@ def _spawned(rank, world_size, args, store_file, out_file, work):
     ddp_teardown()  # the models died with bench_size()'s frames: the group is the last to go
 
 
-HEADERS = ["ranks", "model", "params", "contender", "median ms/step", "vs stock", "vs stock, same knob",
+HEADERS = ["ranks", "model", "params", "contender", "median ms/step", "vs stock",
+           "vs stock, same knob",
            "MB all-reduced/step", "all_reduce calls/step", "MB grads+buckets"]
 
 
@@ -195,7 +198,8 @@ def common_parser(doc, default_world_sizes):
     parser.add_argument("--steps", type=int, default=1, help="timed steps per contender per round")
     parser.add_argument("--rounds", type=int, default=60, help="rounds of alternating contenders")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per contender first")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per rank (0: cores / ranks)")
     parser.add_argument("--format", default="simple", help="tabulate format, e.g. github for docs")
     return parser
 
@@ -210,7 +214,8 @@ def collect_rows(args, work):
     for world_size in args.world_sizes:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "rows.pt")
-            mp.start_processes(_spawned, args=(world_size, args, os.path.join(tmp, "store"), out, work),
+            store = os.path.join(tmp, "store")
+            mp.start_processes(_spawned, args=(world_size, args, store, out, work),
                                nprocs=world_size, start_method="spawn")
             rows += torch.load(out, weights_only=False)
     return rows
@@ -225,7 +230,8 @@ def print_table(args, rows, headers, what="contender"):
 def main():
     parser = common_parser(__doc__, [1, 2])
     parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS,
-                        help="view: gradient_as_bucket_view=True; fp16: minddp.hooks.fp16_mean_hook")
+                        help="view: gradient_as_bucket_view=True;"
+                             " fp16: minddp.hooks.fp16_mean_hook")
     args = parser.parse_args()
     rows = collect_rows(args, bench_size)
     if rows is not None:

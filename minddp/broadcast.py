@@ -38,7 +38,8 @@ def check_same_model(module, group=None):
             if a != b:
                 raise UsageError(
                     f"rank {rank}'s model differs from rank 0's at parameter #{i}:"
-                    f" rank 0 has {a[0]!r} {list(a[1])} {a[2]}, rank {rank} has {b[0]!r} {list(b[1])} {b[2]}",
+                    f" rank 0 has {a[0]!r} {list(a[1])} {a[2]},"
+                    f" rank {rank} has {b[0]!r} {list(b[1])} {b[2]}",
                     hint="build the same model on every rank (the same code and arguments;"
                          " nothing that depends on the rank)", same_on_every_rank=True)
 
@@ -54,7 +55,8 @@ def broadcast_parameters(module, src=0, group=None, buffers=True):
     if dist.get_world_size(group) == 1:
         return  # nobody to copy from (and mps tensors, which no backend carries, stay put)
     # named_parameters() lists a tied (shared) weight once, so it is sent once.
-    for _, tensor in list(module.named_parameters()) + (list(module.named_buffers()) if buffers else []):
+    tensors = list(module.named_parameters()) + (list(module.named_buffers()) if buffers else [])
+    for _, tensor in tensors:
         dist.broadcast(tensor, src=src, group=group)
 
 

@@ -64,7 +64,8 @@ def load_checkpoint(path, device, **stateful):
         raise UsageError(f"cannot resume from {path}: not a minddp checkpoint"
                          f" ({type(err).__name__}: {first})", hint=hint, same_on_every_rank=True)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise UsageError(f"cannot resume from {path}: not a minddp checkpoint (no {FORMAT!r} in it)",
+        raise UsageError(f"cannot resume from {path}: not a minddp checkpoint"
+                         f" (no {FORMAT!r} in it)",
                          hint=hint, same_on_every_rank=True)
     for name, obj in stateful.items():
         obj.load_state_dict(state["state"][name])  # names and shapes must match, or it says which

@@ -45,7 +45,8 @@ def compare(meta_a, grads_a, meta_b, grads_b, atol=None, rtol=None):
     """
     for key in ("world_size", "steps", "names", "shapes", "dtypes"):
         if meta_a[key] != meta_b[key]:
-            raise TableError(f"runs are not comparable: {key} differs ({meta_a[key]} vs {meta_b[key]})")
+            raise TableError(f"runs are not comparable: {key} differs"
+                             f" ({meta_a[key]} vs {meta_b[key]})")
     tolerant = atol is not None or rtol is not None
     atol, rtol = atol or 0.0, rtol or 0.0
     rows, verdict, onset = [], 0, None
@@ -62,7 +63,8 @@ def compare(meta_a, grads_a, meta_b, grads_b, atol=None, rtol=None):
         rel = np.divide(diff, scale, out=np.where(diff > 0, np.inf, 0.0), where=scale > 0)
         if not (bitwise or (tolerant and bool(np.all(diff <= atol + rtol * scale)))):
             verdict = 1
-        changed = np.argwhere(bits_differ.reshape(a.shape[0], a.shape[1], -1))  # [step, rank, element]
+        # [step, rank, element] of every differing element
+        changed = np.argwhere(bits_differ.reshape(a.shape[0], a.shape[1], -1))
         first = ""
         if len(changed):
             step, rank = changed[0][:2]
@@ -113,10 +115,12 @@ def constant_factor(grads_a, grads_b, step):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m minddp.diff", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m minddp.diff",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("a", help="gradient table of run A (PATH or PATH.npz)")
     parser.add_argument("b", help="gradient table of run B")
-    parser.add_argument("--atol", type=float, help="pass when |a - b| <= atol + rtol*|b| everywhere")
+    parser.add_argument("--atol", type=float,
+                        help="pass when |a - b| <= atol + rtol*|b| everywhere")
     parser.add_argument("--rtol", type=float, help="relative tolerance (see --atol)")
     args = parser.parse_args(argv)
     try:
@@ -125,7 +129,8 @@ def main(argv=None):
         rows, verdict, onset = compare(meta_a, grads_a, meta_b, grads_b, args.atol, args.rtol)
     except TableError as err:
         print(f"minddp.diff: {err}", file=sys.stderr)
-        print("---> HINT: record both runs with --grad-table PATH, at the same world size and steps",
+        print("---> HINT: record both runs with --grad-table PATH,"
+              " at the same world size and steps",
               file=sys.stderr)
         return 2
     print(f"A: {args.a}   ({meta_a['script']}, torch {meta_a['torch']})")
@@ -138,7 +143,8 @@ def main(argv=None):
         print("\nverdict: IDENTICAL (every element of every step on every rank, bit for bit)")
         return 0
     step, gap = onset
-    print(f"\nthe runs part at step {step}, by {gap:.1f} rounding units (eps x largest |grad|)", end="")
+    print(f"\nthe runs part at step {step}, by {gap:.1f} rounding units"
+          f" (eps x largest |grad|)", end="")
     if gap <= 16:
         # A wrong average is off by a factor, millions of ulps; reordered sums by one or two.
         # Later steps train on slightly different weights, so the gap then grows.
@@ -159,7 +165,8 @@ def main(argv=None):
     for label, grads in (("A", grads_a), ("B", grads_b)):
         split = disagreeing_ranks(grads)
         if split is not None:
-            print(f"table {label}: at step {split[0]} rank {split[1]}'s {split[2]!r} differs from rank"
+            print(f"table {label}: at step {split[0]} rank {split[1]}'s {split[2]!r}"
+                  f" differs from rank"
                   f" 0's, where a synced gradient is the same on every rank: the averaging was"
                   f" skipped (no all_reduce?)")
     if verdict == 0:

@@ -20,7 +20,8 @@ def check_crash_step(crash_at_step, total_steps):
     """Refuse, before training, a --crash-at-step that the run would never reach."""
     if crash_at_step is not None and not 1 <= crash_at_step <= total_steps:
         raise UsageError(f"--crash-at-step {crash_at_step} is never reached: this run takes"
-                         f" {total_steps} optimizer steps", hint=f"choose a step from 1 to {total_steps}",
+                         f" {total_steps} optimizer steps",
+                         hint=f"choose a step from 1 to {total_steps}",
                          same_on_every_rank=True)
 
 

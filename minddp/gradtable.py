@@ -161,7 +161,7 @@ def write_table(path, rows_by_rank):
 
 
 def read_table(path):
-    """(meta, {name: array[step, rank, *shape]}) from PATH (or PATH.npz); TableError if unreadable."""
+    """(meta, {name: array[step, rank, *shape]}) from PATH or PATH.npz; TableError if unreadable."""
     npz = path if path.endswith(".npz") else path + ".npz"
     if not os.path.exists(npz):
         what = "no such file" if not os.path.exists(path) else f"its element file {npz} is missing"
@@ -170,10 +170,12 @@ def read_table(path):
         with np.load(npz, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
             if meta.get("format") != FORMAT:
-                raise TableError(f"cannot read {path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+                raise TableError(f"cannot read {path}: format {meta.get('format')!r},"
+                                 f" expected {FORMAT!r}")
             grads = {n: data["grad/" + n] for n in meta["names"]}
     except TableError:
         raise
     except Exception as err:  # zip, npy or json damage: all mean "not a table we wrote"
-        raise TableError(f"cannot read {path}: not a minddp gradient table ({type(err).__name__}: {err})")
+        raise TableError(f"cannot read {path}: not a minddp gradient table"
+                         f" ({type(err).__name__}: {err})")
     return meta, grads

@@ -62,7 +62,8 @@ def ddp_setup(backend="auto", device="auto", timeout=DEFAULT_TIMEOUT_S):
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     backend, device_name = choose_backend(
-        backend, device, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)), world_size,
+        backend, device, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
+        world_size,
         cuda_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
         mps_available=torch.backends.mps.is_available(), windows=sys.platform == "win32")
     env = DDPEnv(rank, local_rank, world_size, backend, torch.device(device_name), timeout)

@@ -1,6 +1,6 @@
 """ShardSampler: which examples each rank trains on (what DistributedSampler does), from scratch.
 
-    python -c "from minddp import ShardSampler; print(list(ShardSampler(range(5), num_replicas=2, rank=0)))"
+    python -c "from minddp import *; print(list(ShardSampler(range(5), num_replicas=2, rank=0)))"
 
 Data parallelism needs every rank to see a *different* slice of each epoch, and every
 rank to take the *same number* of steps (each step ends in a collective that all ranks
@@ -21,13 +21,15 @@ from .errors import UsageError
 
 
 class ShardSampler(Sampler):
-    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
+                 drop_last=False):
         if num_replicas is None:
             num_replicas = dist.get_world_size()
         if rank is None:
             rank = dist.get_rank()
         if not 0 <= rank < num_replicas:
-            raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+            raise ValueError(f"Invalid rank {rank}, rank should be in the interval"
+                             f" [0, {num_replicas - 1}]")
         self.dataset = dataset
         self.num_replicas = num_replicas
         self.rank = rank
@@ -68,7 +70,9 @@ def check_batches(loader, world_size):
     """Fail clearly when this rank would get zero batches (and so train on nothing)."""
     if len(loader) == 0:
         raise UsageError(
-            f"each rank gets {len(loader.sampler)} example(s) of {len(loader.dataset)} at world size "
+            f"each rank gets {len(loader.sampler)} example(s) of {len(loader.dataset)}"
+            f" at world size "
             f"{world_size}, fewer than one batch of {loader.batch_size} with drop_last: zero steps",
-            hint="fewer processes, or enlarge the data with --factor (e.g. --factor 4 for up to 8 ranks)",
+            hint="fewer processes, or enlarge the data with --factor"
+                 " (e.g. --factor 4 for up to 8 ranks)",
             same_on_every_rank=True)

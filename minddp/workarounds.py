@@ -45,7 +45,8 @@ def bind_device_kwargs(backend, device):
     # based on global rank. This can cause a hang if rank to GPU mapping is
     # heterogeneous") and the first barrier warns that it uses "the device under current
     # context". Bound, the group knows its GPU from the start.
-    if backend != "nccl" or "device_id" not in inspect.signature(dist.init_process_group).parameters:
+    takes_device_id = "device_id" in inspect.signature(dist.init_process_group).parameters
+    if backend != "nccl" or not takes_device_id:
         return {}
     return {"device_id": device}
 
