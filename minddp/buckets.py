@@ -126,3 +126,15 @@ class GradBucket:
 
     def sizes_list(self):
         return [p.shape for p in self._bucket.params]
+
+
+def aliases(a, b):
+    """Do two tensors share memory (stock's is_alias_of)?"""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def expects_sparse_gradient(module, param):
+    """Will `param` get a sparse gradient? (nn.Embedding / EmbeddingBag with sparse=True)"""
+    return any(getattr(m, "sparse", False) is True and m.weight is param
+               for m in module.modules()
+               if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)))

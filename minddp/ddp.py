@@ -22,9 +22,12 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from .buckets import Bucket, GradBucket, assign_buckets, bucket_size_limits
+from .buckets import (Bucket, GradBucket, aliases, assign_buckets, bucket_size_limits,
+                      expects_sparse_gradient)
 from .errors import UsageError
+from .hooks import hook_result
 from .naive import NaiveDDP
+from .unused import unused_parameters
 
 
 class ManualDDP(NaiveDDP):
@@ -39,7 +42,7 @@ class ManualDDP(NaiveDDP):
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.find_unused_parameters = find_unused_parameters
         self.size_limits = bucket_size_limits(bucket_cap_mb)
-        self._sparse = {i for i, p in enumerate(self._params) if _sparse_gradient(module, p)}
+        self._sparse = {i for i, p in enumerate(self._params) if expects_sparse_gradient(module, p)}
         if find_unused_parameters:
             # Which parameters take part may change every step, so the arrival order of
             # one step says little about the next: stock sizes the buckets from the start,
@@ -65,7 +68,7 @@ class ManualDDP(NaiveDDP):
             for i, view in zip(bucket.indices, bucket.views):
                 self._locator[i] = (bucket, view)
                 p = self._params[i]
-                moved = p.grad is not None and not _aliases(p.grad, view)
+                moved = p.grad is not None and not aliases(p.grad, view)
                 if self.gradient_as_bucket_view and moved:
                     view.copy_(p.grad)  # after a rebuild, .grad moves into its new bucket
                     p.grad = view
@@ -92,7 +95,7 @@ class ManualDDP(NaiveDDP):
         output = super().forward(*args, **kwargs)
         synced = torch.is_grad_enabled() and self.require_backward_grad_sync
         if self.find_unused_parameters and synced:
-            self._unused = _unused_parameters(output, self._params)
+            self._unused = unused_parameters(output, self._params)
         return output
 
     def _rebuild_buckets(self):
@@ -142,7 +145,7 @@ class ManualDDP(NaiveDDP):
             if hook is None:
                 grad.div_(self.world_size)
             bucket.flat = grad
-        elif _aliases(grad, view):
+        elif aliases(grad, view):
             # gradient_as_bucket_view: autograd accumulated into the bucket itself.
             if hook is None:
                 view.div_(self.world_size)
@@ -218,7 +221,7 @@ class ManualDDP(NaiveDDP):
                     if not used[i]:
                         continue  # unused on every rank: .grad stays as it was
                 if self.gradient_as_bucket_view:
-                    if not _aliases(view_in, view_out):
+                    if not aliases(view_in, view_out):
                         view_in.copy_(view_out)  # a hook's result lives in a tensor of its own
                     if param.grad is None:
                         param.grad = view_in
@@ -233,23 +236,7 @@ class ManualDDP(NaiveDDP):
             if bucket.work is not None:
                 bucket.work.wait()
             return bucket.flat
-        hook = self._comm_hook[1]
-        name = getattr(hook, "__qualname__", repr(hook))
-        if not isinstance(bucket.work, torch._C.Future):  # torch.futures.Future's base
-            raise UsageError(f"comm hook {name} returned {type(bucket.work).__name__}, not a"
-                             f" torch.futures.Future",
-                             hint="return the future of an async collective,"
-                                  " e.g. dist.all_reduce(t, async_op=True).get_future()")
-        result = bucket.work.wait()
-        if isinstance(result, list) and len(result) == 1:
-            result = result[0]  # an all_reduce's future holds [tensor]
-        if not isinstance(result, torch.Tensor) or result.numel() != bucket.flat.numel():
-            got = f"a tensor of {result.numel()} elements" if isinstance(result, torch.Tensor) \
-                else type(result).__name__
-            raise UsageError(f"comm hook {name} must give a tensor of bucket {position}'s"
-                             f" {bucket.flat.numel()} elements, it gave {got}",
-                             hint="return a future whose value is the reduced bucket.buffer()")
-        return result.to(bucket.flat.dtype)
+        return hook_result(self._comm_hook[1], bucket.work, position, bucket.flat)
 
     def _used_everywhere(self):
         if self.world_size == 1:
@@ -268,44 +255,3 @@ class ManualDDP(NaiveDDP):
         self._unused = []
         if len(self._ready_order) != len(self._params):
             self._ready_order = []  # an incomplete first backward teaches no order
-
-
-def _aliases(a, b):
-    """Do two tensors share memory (stock's is_alias_of)?"""
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-
-
-def _sparse_gradient(module, param):
-    """Will `param` get a sparse gradient? (nn.Embedding / EmbeddingBag with sparse=True)"""
-    return any(getattr(m, "sparse", False) is True and m.weight is param
-               for m in module.modules()
-               if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)))
-
-
-def _unused_parameters(output, params):
-    """Indices of `params` that this forward's autograd graph does not reach."""
-    # Walk the graph back from every output tensor; a parameter shows up as the
-    # `variable` of an AccumulateGrad node. Stock does the same walk in C++.
-    stack, seen, reached = [], set(), set()
-    _collect_grad_fns(output, stack)
-    while stack:
-        fn = stack.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        variable = getattr(fn, "variable", None)
-        if variable is not None:
-            reached.add(id(variable))
-        stack.extend(next_fn for next_fn, _ in fn.next_functions)
-    return [i for i, p in enumerate(params) if id(p) not in reached]
-
-
-def _collect_grad_fns(output, stack):
-    if isinstance(output, torch.Tensor):
-        stack.append(output.grad_fn)
-    elif isinstance(output, dict):
-        for value in output.values():
-            _collect_grad_fns(value, stack)
-    elif isinstance(output, (list, tuple)):
-        for value in output:
-            _collect_grad_fns(value, stack)

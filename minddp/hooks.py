@@ -12,6 +12,8 @@ bitwise equal to PyTorch's own fp16_compress_hook (tests/test_contract.py).
 import torch
 import torch.distributed as dist
 
+from .errors import UsageError
+
 
 def fp16_mean_hook(group, bucket):
     """Average a bucket over ranks, sending it as float16."""
@@ -28,3 +30,23 @@ def fp16_mean_hook(group, bucket):
         return buffer
 
     return future.then(back_to_float32)
+
+
+def hook_result(hook, returned, position, flat):
+    """The reduced bucket from what a hook returned; a clear error if it is not one."""
+    name = getattr(hook, "__qualname__", repr(hook))
+    if not isinstance(returned, torch._C.Future):  # torch.futures.Future's base
+        raise UsageError(f"comm hook {name} returned {type(returned).__name__}, not a"
+                         f" torch.futures.Future",
+                         hint="return the future of an async collective,"
+                              " e.g. dist.all_reduce(t, async_op=True).get_future()")
+    result = returned.wait()
+    if isinstance(result, list) and len(result) == 1:
+        result = result[0]  # an all_reduce's future holds [tensor]
+    if not isinstance(result, torch.Tensor) or result.numel() != flat.numel():
+        got = f"a tensor of {result.numel()} elements" if isinstance(result, torch.Tensor) \
+            else type(result).__name__
+        raise UsageError(f"comm hook {name} must give a tensor of bucket {position}'s"
+                         f" {flat.numel()} elements, it gave {got}",
+                         hint="return a future whose value is the reduced bucket.buffer()")
+    return result.to(flat.dtype)

@@ -21,14 +21,23 @@ import argparse
 import contextlib
 import json
 import os
+import tempfile
 import time
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-COMPUTE, COMM = "compute", "communication"
+from .bench import SIZES, mlp
+from .cli import check_output_path
+from .ddp import ManualDDP
+from .errors import UsageError, exit_on_usage_error
+from .launch import ddp_teardown
+from .naive import NaiveDDP
+from .overlap import COMM, COMPUTE, overlap, text_timeline
+from .workarounds import import_dynamo_first
 
 
 def now_us():
@@ -117,77 +126,6 @@ def _timed_allreduce_hook(timeline):
     return timed_allreduce_hook
 
 
-def _merge(intervals):
-    merged = []
-    for a, b in sorted(intervals):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    return merged
-
-
-def _length_inside(intervals, windows):
-    return sum(max(0.0, min(b, d) - max(a, c)) for a, b in intervals for c, d in windows)
-
-
-def overlap(events, step):
-    """Share of this step's communication time that ran while backward computed, unblocked."""
-    mine = [e for e in events if e["step"] == step]
-    starts = [e["ts"] for e in mine if e["name"] == "backward starts"]
-    grads = [e["ts"] for e in mine if e["name"].startswith("grad ")]
-    comm = _merge([(e["ts"], e["ts"] + e["dur"]) for e in mine if e["track"] == COMM])
-    total = sum(b - a for a, b in comm)
-    if not starts or not grads or total == 0:
-        return None
-    computing = [(min(starts), max(grads))]  # backward, until the last gradient arrived
-    blocked = _merge([(e["ts"], e["ts"] + e["dur"]) for e in mine if e["args"].get("blocked")])
-    while_computing = _pieces_inside(comm, computing)
-    busy = sum(b - a for a, b in while_computing) - _length_inside(while_computing, blocked)
-    return busy / total
-
-
-def _pieces_inside(intervals, windows):
-    return [(max(a, c), min(b, d))
-            for a, b in intervals for c, d in windows if min(b, d) > max(a, c)]
-
-
-def text_timeline(everyone, step, width=72):
-    """Rows per rank and track, time across: = computing, B blocked, O optimizer, digits buckets."""
-    events = [(r, e) for r, evs in enumerate(everyone) for e in evs if e["step"] == step]
-    if not events:
-        return "(no events)"
-    t0 = min(e["ts"] for _, e in events)
-    t1 = max(e["ts"] + e["dur"] for _, e in events)
-    scale = width / max(t1 - t0, 1.0)
-    col = lambda t: min(width - 1, int((t - t0) * scale))  # noqa: E731
-    lines = [f"step {step}: {(t1 - t0) / 1000:.1f} ms across,"
-             f" one column = {(t1 - t0) / width / 1000:.2f} ms"]
-    for rank, evs in enumerate(everyone):
-        mine = [e for e in evs if e["step"] == step]
-        compute, comm = [" "] * width, [" "] * width
-        starts = [e["ts"] for e in mine if e["name"] == "backward starts"]
-        grads = [e["ts"] for e in mine if e["name"].startswith("grad ")]
-        if starts and grads:
-            for c in range(col(min(starts)), col(max(grads)) + 1):
-                compute[c] = "="
-        for e in mine:
-            span = range(col(e["ts"]), col(e["ts"] + e["dur"]) + 1)
-            if e["args"].get("blocked"):
-                for c in span:
-                    compute[c] = "B"
-            elif e["name"] == "optimizer step":
-                for c in span:
-                    compute[c] = "O"
-            elif e["track"] == COMM:
-                mark = e["name"].split()[-1][-1]
-                for c in span:
-                    comm[c] = mark
-        lines.append(f"rank {rank} compute |{''.join(compute)}|")
-        lines.append(f"rank {rank} comm    |{''.join(comm)}|")
-    return "\n".join(lines)
-
-
 def write_chrome_trace(path, everyone):
     """Chrome trace-event JSON: a process per rank, a thread per track, 'X' events."""
     tracks = {COMPUTE: 0, COMM: 1}
@@ -207,11 +145,6 @@ def write_chrome_trace(path, everyone):
 
 
 def _run_rank(rank, world_size, args, store_file, out_file):
-    from .bench import SIZES, mlp
-    from .ddp import ManualDDP
-    from .launch import ddp_teardown
-    from .naive import NaiveDDP
-    from .workarounds import import_dynamo_first
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     import_dynamo_first()
     dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank,
@@ -262,11 +195,6 @@ def _out_path(out, kind, kinds):
 
 
 def main(argv=None):
-    import tempfile
-    import torch.multiprocessing as mp
-    from .bench import SIZES
-    from .cli import check_output_path
-    from .errors import UsageError, exit_on_usage_error
     parser = argparse.ArgumentParser(prog="python -m minddp.timeline",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="17M", choices=list(SIZES), help="the benchmark's MLP")

@@ -45,7 +45,9 @@ def test_one_all_reduce_per_bucket_per_step_with_its_bytes(traced, kind):
             mine = [e for e in events if e["pid"] == rank and e["args"]["step"] == step]
             start = min(e["ts"] for e in mine if e["name"] == "backward starts")
             end = max(e["ts"] + e["dur"] for e in mine if e["name"] == "optimizer step")
-            assert all(start <= e["ts"] and e["ts"] + e["dur"] <= end for e in comm)  # inside the step
+            # Inside the step. A completion is stamped by a callback in the backend's thread,
+            # which a busy 2-core machine may run a few ms after the waiting thread went on.
+            assert all(start <= e["ts"] and e["ts"] + e["dur"] <= end + 5000 for e in comm)
 
 
 def test_naive_overlaps_nothing_and_buckets_overlap(traced):
