@@ -17,6 +17,8 @@ ManualDDP's gradients bitwise equal to stock's (tests/test_buckets.py).
 
 import torch
 
+from .errors import UsageError
+
 MB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25  # stock's bucket_cap_mb
 FIRST_BUCKET_BYTES = 1 * MB  # dist._DEFAULT_FIRST_BUCKET_BYTES
@@ -126,6 +128,14 @@ class GradBucket:
 
     def sizes_list(self):
         return [p.shape for p in self._bucket.params]
+
+
+def check_bucketable(names, params):
+    """Refuse, naming it, a parameter that no flat bucket can hold."""
+    for name, p in zip(names, params):
+        if p.layout != torch.strided:
+            raise UsageError(f"parameter {name!r} is a {p.layout} tensor: ManualDDP's buckets"
+                             f" hold dense (strided) parameters", hint="make it a dense parameter")
 
 
 def aliases(a, b):

@@ -9,12 +9,9 @@ into a flat bucket, and a full bucket is all-reduced *asynchronously* while auto
 goes on computing the gradients of the layers below (buckets.py). At the end of
 backward every bucket is waited for and the averages are copied back into `.grad`.
 
-Stock's knobs, each with stock's name and default, each bitwise equal to stock with the
-same setting (tests/test_contract.py):
-  broadcast_buffers=True         rank 0's buffers before each training forward (naive.py)
-  gradient_as_bucket_view=False  True: `.grad` *is* a view into its bucket, no copies
-  find_unused_parameters=False   True: parameters without a gradient this step are fine
-  register_comm_hook(state, hook)  the hook, not an all_reduce, reduces each bucket
+Stock's knobs, by stock's names and defaults, bitwise equal to stock with the same
+setting (tests/test_contract.py; what each does: docs/buckets.md): broadcast_buffers,
+gradient_as_bucket_view, find_unused_parameters, register_comm_hook(state, hook).
 """
 
 import contextlib
@@ -23,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .buckets import (Bucket, GradBucket, aliases, assign_buckets, bucket_size_limits,
-                      expects_sparse_gradient)
+                      check_bucketable, expects_sparse_gradient)
 from .errors import UsageError
 from .hooks import hook_result
 from .naive import NaiveDDP
@@ -34,11 +31,7 @@ class ManualDDP(NaiveDDP):
     def __init__(self, module, process_group=None, bucket_cap_mb=None, broadcast_buffers=True,
                  gradient_as_bucket_view=False, find_unused_parameters=False):
         super().__init__(module, process_group, broadcast_buffers)
-        for name, p in zip(self._param_names, self._params):
-            if p.layout != torch.strided:
-                raise UsageError(f"parameter {name!r} is a {p.layout} tensor: ManualDDP's buckets"
-                                 f" hold dense (strided) parameters",
-                                 hint="make it a dense parameter")
+        check_bucketable(self._param_names, self._params)  # one clear error, at wrap time
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.find_unused_parameters = find_unused_parameters
         self.size_limits = bucket_size_limits(bucket_cap_mb)
@@ -77,8 +70,7 @@ class ManualDDP(NaiveDDP):
     def register_comm_hook(self, state, hook):
         """Reduce each bucket with hook(state, bucket) -> Future[Tensor], stock's signature.
 
-        The hook gets the bucket's buffer undivided: averaging is its job (PyTorch's
-        allreduce_hook divides by the world size, fp16_compress_hook also casts).
+        The hook gets the bucket's buffer undivided: averaging is its job (minddp/hooks.py).
         """
         if self._comm_hook is not None:
             raise UsageError("register_comm_hook can only be called once",
