@@ -40,7 +40,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)  # self.param_groups: every parameter, every rank
         _check_same_parameters(self.param_groups, process_group)
         # This rank's optimizer sees only this rank's shard: its state is the shard's.
-        self.optim = optimizer_cls(self._shards()[self.rank], **defaults)
+        self.optim = optimizer_cls(self._partition[self.rank], **defaults)
 
     def _shards(self):
         """Per rank, its param groups: ZeroRedundancyOptimizer's sorted-greedy partition.
@@ -63,8 +63,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
         self._sharded = {p for g in self.param_groups for p in g["params"]}
+        self._partition = self._shards()  # computed once per group added, not every step
         if self.optim is not None:  # after construction: the new group's shard, here
-            self.optim.add_param_group(self._shards()[self.rank][-1])
+            self.optim.add_param_group(self._partition[self.rank][-1])
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -78,7 +79,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                              f" joined the groups after the optimizer was built",
                              hint="add parameters with add_param_group(), which gives them a shard",
                              same_on_every_rank=True)
-        shards = self._shards()
+        shards = self._partition
         for mine, local in zip(self.param_groups, self.optim.param_groups):
             # Hyperparameters live in our groups (an LR scheduler writes them there).
             local.update({k: v for k, v in mine.items() if k != "params"})
@@ -106,7 +107,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         index = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
         state = {}
         for rank, local in enumerate(gathered):
-            local_params = [p for group in self._shards()[rank] for p in group["params"]]
+            local_params = [p for group in self._partition[rank] for p in group["params"]]
             for local_index, value in local["state"].items():
                 state[index[local_params[local_index]]] = value
         groups = [{**{k: v for k, v in g.items() if k != "params"},
