@@ -1,71 +1,81 @@
-"""ManualDDP: stock DistributedDataParallel by hand, with buckets that overlap backward.
+"""ManualDDP: stock DistributedDataParallel's whole constructor and knobs, on top of BucketedDDP.
 
-    torchrun --nproc_per_node=2 examples/manual_ddp.py
+    torchrun --nproc_per_node=2 examples/restart.py --checkpoint runs/ck.pt   # wraps with this
+    pytest tests/test_contract.py tests/test_dropin.py                       # knob by knob
 
-The contract and the moves are NaiveDDP's (naive.py: broadcast at construction, a hook
-per parameter, forward untouched); read that first. What changes is how the gradients
-travel. Instead of one blocking all_reduce per parameter, each hook copies its gradient
-into a flat bucket, and a full bucket is all-reduced *asynchronously* while autograd
-goes on computing the gradients of the layers below (buckets.py). At the end of
-backward every bucket is waited for and the averages are copied back into `.grad`.
-
-Stock's knobs, by stock's names and defaults, bitwise equal to stock with the same
-setting (tests/test_contract.py; what each does: docs/buckets.md): broadcast_buffers,
-gradient_as_bucket_view, find_unused_parameters, register_comm_hook(state, hook).
+Read bucketed.py first: the algorithm is there, and nothing here changes it. This file is
+what makes the algorithm a drop-in for `torch.nn.parallel.DistributedDataParallel`:
+stock's signature (the same arguments in the same order, refused as stock refuses them,
+compat.py) and stock's knobs, each in one method below, each bitwise equal to stock with
+the same setting (tests/test_contract.py; what each does: docs/buckets.md).
 """
-
-import contextlib
 
 import torch
 import torch.distributed as dist
 
-from .buckets import (Bucket, GradBucket, aliases, assign_buckets, bucket_size_limits,
-                      check_bucketable, expects_sparse_gradient)
+from .bucketed import BucketedDDP
+from .buckets import GradBucket, aliases, assign_buckets, expects_sparse_gradient
+from .compat import refuse_unimplemented
 from .errors import UsageError
 from .hooks import hook_result
-from .naive import NaiveDDP
 from .unused import unused_parameters
 
 
-class ManualDDP(NaiveDDP):
-    def __init__(self, module, process_group=None, bucket_cap_mb=None, broadcast_buffers=True,
-                 gradient_as_bucket_view=False, find_unused_parameters=False):
-        super().__init__(module, process_group, broadcast_buffers)
-        check_bucketable(self._param_names, self._params)  # one clear error, at wrap time
-        self.gradient_as_bucket_view = gradient_as_bucket_view
+class ManualDDP(BucketedDDP):
+    """Stock DDP's constructor and knobs on BucketedDDP: a drop-in for DistributedDataParallel.
+
+    Collective: call on every rank. The knobs, by stock's names and defaults:
+      broadcast_buffers / forward_sync_buffers  rank 0's buffers before each training forward
+      gradient_as_bucket_view  .grad *is* the bucket's view: no copy, half the gradient memory
+      find_unused_parameters   parameters outside this step's graph: marked ready, a used map
+      register_comm_hook(state, hook)  reduce each bucket your own way (minddp/hooks.py)
+      sparse gradients (nn.Embedding(sparse=True))  each in a bucket of its own, sent sparse
+      device_ids / output_device  checked as stock checks them; inputs moved to device_ids[0]
+      init_sync=False  no broadcast at construction;  static_graph  accepted, numbers as stock
+      dim, check_reduction, batched_grad_copy  accepted: they steer nothing minddp does
+    Stock's other arguments (mixed_precision, device_mesh, ...) are refused with one line.
+    """
+
+    def __init__(self, module, device_ids=None, output_device=None, dim=0,
+                 broadcast_buffers=None, init_sync=True, process_group=None, bucket_cap_mb=None,
+                 find_unused_parameters=False, check_reduction=False,
+                 gradient_as_bucket_view=False, static_graph=False,
+                 delay_all_reduce_named_params=None, param_to_hook_all_reduce=None,
+                 mixed_precision=None, device_mesh=None, skip_all_reduce_unused_params=False,
+                 bucket_cap_mb_list=None, batched_grad_copy=False, forward_sync_buffers=None):
+        refuse_unimplemented(delay_all_reduce_named_params=delay_all_reduce_named_params,
+                             param_to_hook_all_reduce=param_to_hook_all_reduce,
+                             mixed_precision=mixed_precision, device_mesh=device_mesh,
+                             skip_all_reduce_unused_params=skip_all_reduce_unused_params,
+                             bucket_cap_mb_list=bucket_cap_mb_list)
+        # Stock (torch 2.13): broadcast_buffers=False skips buffers at construction *and*
+        # before each forward; forward_sync_buffers=False only the latter.
+        at_init = True if forward_sync_buffers is not None else broadcast_buffers is not False
+        self.gradient_as_bucket_view = gradient_as_bucket_view  # read by _build_buckets below
+        super().__init__(module, device_ids, output_device, dim, at_init, init_sync,
+                         process_group, bucket_cap_mb)
+        self.broadcast_buffers = (at_init if forward_sync_buffers is None
+                                  else forward_sync_buffers)
+        self.dim, self.static_graph = dim, static_graph
         self.find_unused_parameters = find_unused_parameters
-        self.size_limits = bucket_size_limits(bucket_cap_mb)
-        self._sparse = {i for i, p in enumerate(self._params) if expects_sparse_gradient(module, p)}
-        if find_unused_parameters:
-            # Which parameters take part may change every step, so the arrival order of
-            # one step says little about the next: stock sizes the buckets from the start,
-            # last parameters first, and never rebuilds them.
-            layout = assign_buckets(self._params, self.size_limits, sparse=self._sparse)[::-1]
-        else:
-            # Before any backward nobody knows in which order gradients arrive: one
-            # bucket, rebuilt after the first synced backward (rebuild_buckets).
-            layout = assign_buckets(self._params, [float("inf")], sparse=self._sparse)
-        self._initialize_buckets(layout)
-        self._rebuilt = find_unused_parameters or not self._params
-        self._ready_order = []  # parameter indices in the order their gradients arrived
         self._comm_hook = None  # (state, hook)
         self._backwards = 0  # synced backwards so far
-        self._unused = []  # find_unused_parameters: not in this forward's graph
+        self._unused = []  # find_unused_parameters: indices outside this forward's graph
         self._used = torch.zeros(len(self._params), dtype=torch.int32)  # used here, this step
-        self._used_work = None
+        self._used_work = None  # the used map's all_reduce, in flight
+        # Sparse gradients: a bucket each, from the start (buckets.py says why).
+        self._sparse = {i for i, p in enumerate(self._params) if expects_sparse_gradient(module, p)}
+        if find_unused_parameters:
+            # Which parameters take part may change every step, so one step's arrival order
+            # says little about the next: stock sizes the buckets once, last parameters
+            # first, and never rebuilds them.
+            self._build_buckets(assign_buckets(self._params, self.size_limits,
+                                               sparse=self._sparse)[::-1])
+            self._rebuilt = True
+        elif self._sparse:
+            self._build_buckets(assign_buckets(self._params, [float("inf")], sparse=self._sparse))
 
-    def _initialize_buckets(self, layout):
-        self.buckets = [Bucket(self._params, indices) for indices in layout]
-        self._locator = {}  # parameter index -> (bucket, its view)
-        for bucket in self.buckets:
-            for i, view in zip(bucket.indices, bucket.views):
-                self._locator[i] = (bucket, view)
-                p = self._params[i]
-                moved = p.grad is not None and not aliases(p.grad, view)
-                if self.gradient_as_bucket_view and moved:
-                    view.copy_(p.grad)  # after a rebuild, .grad moves into its new bucket
-                    p.grad = view
-        self._next_bucket = 0
+    # --- register_comm_hook: a bucket reduced by your function instead of all_reduce ---
 
     def register_comm_hook(self, state, hook):
         """Reduce each bucket with hook(state, bucket) -> Future[Tensor], stock's signature.
@@ -81,51 +91,21 @@ class ManualDDP(NaiveDDP):
                                   " before any backward")
         self._comm_hook = (state, hook)
 
-    def forward(self, *args, **kwargs):
-        if torch.is_grad_enabled() and self.require_backward_grad_sync:
-            self._rebuild_buckets()  # once, after the first synced backward
-        output = super().forward(*args, **kwargs)
-        synced = torch.is_grad_enabled() and self.require_backward_grad_sync
-        if self.find_unused_parameters and synced:
-            self._unused = unused_parameters(output, self._params)
-        return output
+    def _launch(self, position):
+        if self._comm_hook is None:
+            return super()._launch(position)
+        state, hook = self._comm_hook
+        bucket = self.buckets[position]
+        bucket.work = hook(state, GradBucket(bucket, position, len(self.buckets)))
 
-    def _rebuild_buckets(self):
-        if self._rebuilt or len(self._ready_order) != len(self._params):
-            return
-        order = torch.tensor(self._ready_order, device=self._params[0].device)
-        if self.world_size > 1:
-            # Every rank must pack the same buckets or the all_reduces would pair up
-            # different parameters; stock settles it the same way: rank 0's order wins.
-            group = self.process_group
-            src = 0 if group is None else dist.get_global_rank(group, 0)
-            dist.broadcast(order, src=src, group=group)
-        self._initialize_buckets(assign_buckets(self._params, self.size_limits, order.tolist(),
-                                                sparse=self._sparse))
-        self._rebuilt = True
+    # --- gradient_as_bucket_view, sparse gradients, hooks: how a gradient enters its bucket ---
 
-    def _hook(self, index, param):
-        if self.find_unused_parameters and param.grad is not None:
-            self._used[index] = 1  # used here: in no_sync() too, it counts for the next sync
-        super()._hook(index, param)
-
-    def _average(self, index, param):
-        if not self._rebuilt:
-            self._ready_order.append(index)
-        if self._unused:
-            # find_unused_parameters: the parameters outside this step's graph will get
-            # no hook, so they are ready now; their buckets can then fill and leave.
-            unused, self._unused = self._unused, []
-            for i in unused:
-                self._mark_ready(i)
-        self._mark_ready(index)
-
-    def _mark_ready(self, index):
-        bucket, view = self._locator[index]
-        param = self._params[index]
-        grad, hook = param.grad, self._comm_hook
+    def _copy_into_bucket(self, index, view):
+        bucket, _ = self._where[index]
+        param, divide = self._params[index], self._comm_hook is None  # a hook divides itself
+        grad = param.grad
         if grad is None and index in self._sparse:
-            raise UsageError(f"parameter {self._param_names[index]!r} expects a sparse gradient"
+            raise UsageError(f"parameter {self._names[index]!r} expects a sparse gradient"
                              f" but got none on this rank: a sparse bucket has nothing to send",
                              hint="use the embedding on every rank in every step (stock DDP"
                                   " raises 'Expected sparse gradient to be defined')")
@@ -134,93 +114,90 @@ class ManualDDP(NaiveDDP):
         elif grad.is_sparse:
             # A sparse bucket is its one gradient, sent as it is (gloo sums sparse tensors),
             # divided in place first, as stock divides it.
-            if hook is None:
-                grad.div_(self.world_size)
-            bucket.flat = grad
-        elif aliases(grad, view):
-            # gradient_as_bucket_view: autograd accumulated into the bucket itself.
-            if hook is None:
+            bucket.flat = grad.div_(self.world_size) if divide else grad
+        elif aliases(grad, view):  # gradient_as_bucket_view: autograd added into the bucket
+            if divide:
                 view.div_(self.world_size)
         else:
-            if hook is None:
-                # Divide while copying into the bucket, one pass over the gradient: each
-                # rank sends g_r / world_size, so the sum that comes back is the mean.
-                torch.mul(grad, 1.0 / self.world_size, out=view)
+            if divide:
+                super()._copy_into_bucket(index, view)  # grad / world_size, into the view
             else:
-                view.copy_(grad)  # a hook gets the sum's addends whole; it divides
+                view.copy_(grad)  # a hook gets the sum's addends whole
             if self.gradient_as_bucket_view:
                 param.grad = view  # from now on .grad is the bucket: no copy back later
-        bucket.pending -= 1
-        # Launch strictly in bucket order, on every rank the same: collectives pair up by
-        # the order they are issued, so bucket 1 may not overtake bucket 0 even if ready.
-        buckets = self.buckets
-        while self._next_bucket < len(buckets) and buckets[self._next_bucket].pending == 0:
-            self._launch(self._next_bucket)
-            self._next_bucket += 1
-        all_sent = self._next_bucket == len(buckets)
+
+    def _build_buckets(self, layout):
+        super()._build_buckets(layout)
+        for i, (_, view) in self._where.items():
+            p = self._params[i]
+            if self.gradient_as_bucket_view and p.grad is not None and not aliases(p.grad, view):
+                p.grad = view.copy_(p.grad)  # after a rebuild, .grad moves into its new bucket
+
+    def _rebuild_buckets(self):
+        if self._rebuilt or len(self._arrival_order) != len(self._params):
+            return
+        self._build_buckets(assign_buckets(self._params, self.size_limits, self._agreed_order(),
+                                           sparse=self._sparse))  # sparse ones stay apart
+        self._rebuilt = True
+
+    # --- find_unused_parameters: who took part in this step ---
+
+    def forward(self, *args, **kwargs):
+        output = super().forward(*args, **kwargs)
+        if self.find_unused_parameters and torch.is_grad_enabled() and self._sync_this_backward:
+            self._unused = unused_parameters(output, self._params)
+        return output
+
+    def _gradient_ready(self, index, param):
+        if self.find_unused_parameters and param.grad is not None:
+            self._used[index] = 1  # used here: in no_sync() too, it counts for the next sync
+        super()._gradient_ready(index, param)
+
+    def _mark_ready(self, index):
+        # The parameters outside this step's graph get no hook: they are ready (with a
+        # zero contribution) as soon as backward starts, so their buckets can leave.
+        unused, self._unused = self._unused, []
+        for i in unused:
+            super()._mark_ready(i)
+        super()._mark_ready(index)
+        all_sent = self._next_bucket == len(self.buckets)
         if all_sent and self.find_unused_parameters and self.world_size > 1:
-            # Which parameters did *any* rank use? A parameter unused everywhere keeps
-            # its .grad untouched (None stays None); used somewhere, it gets the average.
-            self._used_anywhere = self._used.clone()  # reduced in flight; self._used stays local
+            # Which parameters did *any* rank use? One unused everywhere keeps its .grad
+            # untouched (None stays None); used somewhere, it gets the average.
+            self._used_anywhere = self._used.clone()  # reduced in flight; _used stays local
             self._used_work = dist.all_reduce(self._used_anywhere, group=self.process_group,
                                               async_op=True)
 
-    def _launch(self, position):
-        bucket = self.buckets[position]
-        if self._comm_hook is not None:
-            state, hook = self._comm_hook
-            bucket.work = hook(state, GradBucket(bucket, position, len(self.buckets)))
-        elif self.world_size > 1:
-            # async_op: returns at once; the reduction runs in the backend's own thread
-            # while autograd goes on computing the earlier layers' gradients.
-            bucket.work = dist.all_reduce(bucket.flat, group=self.process_group, async_op=True)
-        if self.timeline and bucket.work is not None:
-            self.timeline.comm(f"bucket {position}", bucket.nbytes(), bucket.work)
-
-    def _finish(self, complete):
-        """End of a synced backward: wait for every bucket, hand the averages to .grad.
-
-        Waiting comes before anyone reads .grad: the optimizer must step with the average,
-        not with this rank's half-reduced buffer.
-        """
+    def _end_of_backward(self):
         self._backwards += 1
-        with self.timeline.span("compute", "blocked: wait for buckets", blocked=True) \
-                if self.timeline else contextlib.nullcontext():
-            self._finish_buckets(complete)
-
-    def _finish_buckets(self, complete):
-        if not complete and not self.find_unused_parameters:
-            for bucket in self.buckets:  # a backward that missed a parameter: only wait, reset
-                if hasattr(bucket.work, "wait"):
-                    bucket.work.wait()
-            self._reset()
-            return
-        used = None
+        if len(self._arrived) != len(self._params) and not self.find_unused_parameters:
+            return super()._end_of_backward()  # waits, then names the missing gradient
+        used_anywhere = None
         for position, bucket in enumerate(self.buckets):
             result = self._wait(position, bucket)
             if result.is_sparse:
                 # The all_reduce summed the sparse .grad in place, coalesced (duplicate rows
-                # added up). Alone (world size 1) it has no all_reduce: coalesce it here, or
-                # the optimizer would add duplicate rows one by one and round otherwise.
+                # added up). Alone (world size 1) nothing coalesced it: do it here, or the
+                # optimizer would add duplicate rows one by one and round otherwise.
                 if not result.is_coalesced():
                     bucket.params[0].grad = result.coalesce()
                 continue
-            for i, view_in, view_out in zip(bucket.indices, bucket.views, bucket.views_of(result)):
+            for i, view, reduced in zip(bucket.indices, bucket.views, bucket.views_of(result)):
                 param = self._params[i]
                 if self.find_unused_parameters and not self._used[i]:
-                    if used is None:  # the first locally unused one: is it used anywhere?
-                        used = self._used_everywhere()  # waits for the reduction
-                    if not used[i]:
+                    if used_anywhere is None:  # the first locally unused one: used anywhere?
+                        used_anywhere = self._used_anywhere_list()
+                    if not used_anywhere[i]:
                         continue  # unused on every rank: .grad stays as it was
                 if self.gradient_as_bucket_view:
-                    if not aliases(view_in, view_out):
-                        view_in.copy_(view_out)  # a hook's result lives in a tensor of its own
+                    if not aliases(view, reduced):
+                        view.copy_(reduced)  # a hook's result lives in a tensor of its own
                     if param.grad is None:
-                        param.grad = view_in
+                        param.grad = view
                 elif param.grad is None:
-                    param.grad = torch.empty_like(param).copy_(view_out)
+                    param.grad = torch.empty_like(param).copy_(reduced)
                 else:
-                    param.grad.copy_(view_out)
+                    param.grad.copy_(reduced)
         self._reset()
 
     def _wait(self, position, bucket):
@@ -230,7 +207,7 @@ class ManualDDP(NaiveDDP):
             return bucket.flat
         return hook_result(self._comm_hook[1], bucket.work, position, bucket.flat)
 
-    def _used_everywhere(self):
+    def _used_anywhere_list(self):
         if self.world_size == 1:
             return self._used.tolist()
         self._used_work.wait()
@@ -240,10 +217,19 @@ class ManualDDP(NaiveDDP):
         if self._used_work is not None:
             self._used_work.wait()  # never leave a collective in flight behind us
             self._used_work = None
-        for bucket in self.buckets:
-            bucket.pending, bucket.work = len(bucket.params), None
-        self._next_bucket = 0
+        super()._reset()
         self._used.zero_()
         self._unused = []
-        if len(self._ready_order) != len(self._params):
-            self._ready_order = []  # an incomplete first backward teaches no order
+
+    # --- stock's other public members ---
+
+    def _set_static_graph(self):
+        """Stock's late form of static_graph=True: accepted, the numbers do not change."""
+        self.static_graph = True
+
+    def join(self, divide_by_initial_world_size=True, enable=True,
+             throw_on_early_termination=False):
+        raise UsageError("ManualDDP has no join() (uneven inputs across ranks)",
+                         hint="give every rank the same number of batches (ShardSampler and"
+                              " DistributedSampler do), or use stock DDP's join()")
+

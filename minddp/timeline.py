@@ -32,7 +32,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from .bench import SIZES, mlp
 from .cli import check_output_path
-from .ddp import ManualDDP
+from .bucketed import BucketedDDP
 from .errors import UsageError, exit_on_usage_error
 from .launch import ddp_teardown
 from .naive import NaiveDDP
@@ -87,20 +87,50 @@ class Timeline:
 
 
 def record_timeline(model, optimizer, path):
-    """Record `model`'s steps into a Timeline (nothing at all when path is None)."""
+    """Record `model`'s steps into a Timeline (nothing at all when path is None).
+
+    Everything is recorded from outside the wrapper, so the lecture classes carry no
+    recording code and the numbers cannot change: autograd hooks registered after the
+    wrapper's own run right after them, and read what the wrapper left behind (a bucket's
+    `work` in flight); stock DDP's buckets, which live in C++, through a comm hook.
+    """
     timeline = Timeline(path)
     if path is None:
         return timeline
     module = getattr(model, "module", model)
-    if hasattr(model, "timeline"):  # NaiveDDP, ManualDDP: they report their own events
-        model.timeline = timeline
-    else:  # stock DDP: its buckets, through a hook that only times allreduce_hook
-        model.register_comm_hook(None, _timed_allreduce_hook(timeline))
-    names = {p: n for n, p in module.named_parameters()}
+    naive, bucketed = isinstance(model, NaiveDDP), isinstance(model, BucketedDDP)
+    backward = {"works": [], "comms": 0, "last": None}  # this backward so far
+    if not naive and not bucketed:  # stock DDP: time PyTorch's own allreduce_hook
+        model.register_comm_hook(backward, _timed_allreduce_hook(timeline))
+    names = {p: n for n, p in module.named_parameters() if p.requires_grad}
+    computed = {}  # parameter -> when autograd handed its gradient over (naive: comm start)
+
+    def end_of_backward():  # queued after the wrapper's own: runs once its waiting is done
+        if backward["comms"]:
+            timeline.add(COMPUTE, "blocked: wait for buckets", backward["last"], now_us(),
+                         blocked=True)
+        backward.update(works=[], comms=0, last=None)
+
+    def after_wrapper(p):  # the wrapper's hook on p has run (NaiveDDP's blocking all_reduce)
+        t = now_us()
+        if backward["last"] is None:
+            torch.autograd.Variable._execution_engine.queue_callback(end_of_backward)
+        if naive and model._sync_this_backward and model.world_size > 1:
+            timeline.add(COMM, f"param {names[p]}", computed[p], t,
+                         bytes=p.numel() * p.element_size())
+            timeline.add(COMPUTE, "blocked: all_reduce", computed[p], t, blocked=True)
+            backward["comms"] += 1
+        for position, bucket in enumerate(model.buckets if bucketed else []):
+            if bucket.work is not None and not any(w is bucket.work for w in backward["works"]):
+                backward["works"].append(bucket.work)  # launched by the hook that just ran
+                timeline.comm(f"bucket {position}", bucket.nbytes(), bucket.work)
+                backward["comms"] += 1
+        timeline.add(COMPUTE, f"grad {names[p]}", t, t)
+        backward["last"] = now_us()
+
     for p in names:
-        if p.requires_grad:
-            p.register_post_accumulate_grad_hook(
-                lambda p: timeline.add(COMPUTE, f"grad {names[p]}", now_us(), now_us()))
+        p.register_hook(lambda grad, p=p: computed.update({p: now_us()}))  # before accumulating
+        p.register_post_accumulate_grad_hook(after_wrapper)
 
     def backward_starts(_module, _inputs, output):
         if torch.is_tensor(output) and output.requires_grad:
@@ -118,10 +148,11 @@ def record_timeline(model, optimizer, path):
 
 
 def _timed_allreduce_hook(timeline):
-    def timed_allreduce_hook(state, bucket):
+    def timed_allreduce_hook(backward, bucket):
         future = default_hooks.allreduce_hook(None, bucket)  # stock's own path, unchanged
         buffer = bucket.buffer()
         timeline.comm(f"bucket {bucket.index()}", buffer.numel() * buffer.element_size(), future)
+        backward["comms"] += 1
         return future
     return timed_allreduce_hook
 
@@ -157,7 +188,7 @@ def _run_rank(rank, world_size, args, store_file, out_file):
         if kind == "naive":
             model = NaiveDDP(model)
         elif kind == "bucketed":
-            model = ManualDDP(model)
+            model = BucketedDDP(model)
         else:
             model = torch.nn.parallel.DistributedDataParallel(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)

@@ -1,4 +1,4 @@
-"""Bucketed ManualDDP against stock DDP: same buckets, same bits, same no_sync.
+"""BucketedDDP and ManualDDP against stock DDP: same buckets, same bits, same no_sync.
 
     pytest tests/test_buckets.py
 """
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers import run_ranks
-from minddp import ManualDDP, NeuralNetwork
+from minddp import BucketedDDP, ManualDDP, NeuralNetwork
 from minddp.buckets import MB, assign_buckets, bucket_size_limits
 
 
@@ -58,25 +58,26 @@ def _train(model_name, wrap, rank, steps, accumulate=1):
 
 
 def _stock_vs_manual(rank, world_size, configs, steps, accumulate):
-    """For each (model, bucket_cap_mb): (stock's gradients, ManualDDP's gradients)."""
+    """For each (model, bucket_cap_mb): stock's gradients, then BucketedDDP's and ManualDDP's."""
     results = {}
     for model_name, cap in configs:
-        stock = _train(model_name, lambda m: DDP(m, bucket_cap_mb=cap), rank, steps, accumulate)
-        manual = _train(model_name, lambda m: ManualDDP(m, bucket_cap_mb=cap),
-                        rank, steps, accumulate)
-        results[model_name, cap] = stock, manual
+        results[model_name, cap] = [
+            _train(model_name, lambda m: wrapper(m, bucket_cap_mb=cap), rank, steps, accumulate)
+            for wrapper in (DDP, BucketedDDP, ManualDDP)]
     return results
 
 
 def _assert_bitwise(results):
-    for rank, (stock, manual) in enumerate(results):
-        for step, (s_grads, m_grads) in enumerate(zip(stock, manual)):
-            for i, (s, m) in enumerate(zip(s_grads, m_grads)):
-                assert torch.equal(s, m), f"rank {rank} step {step} param {i}: manual != stock"
-    first_rank_manual = results[0][1]
-    for _, manual in results[1:]:  # and every rank holds the same average
-        for a, b in zip(manual, first_rank_manual):
-            assert all(torch.equal(x, y) for x, y in zip(a, b))
+    for rank, (stock, *mine) in enumerate(results):
+        for name, manual in zip(("BucketedDDP", "ManualDDP"), mine):
+            for step, (s_grads, m_grads) in enumerate(zip(stock, manual)):
+                for i, (s, m) in enumerate(zip(s_grads, m_grads)):
+                    assert torch.equal(s, m), f"rank {rank} step {step} param {i}: {name} != stock"
+    first_rank = results[0][1:]
+    for _, *mine in results[1:]:  # and every rank holds the same average
+        for manual, first in zip(mine, first_rank):
+            for a, b in zip(manual, first):
+                assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def _assert_all_bitwise(per_rank, configs):
@@ -117,20 +118,24 @@ def _stock_buckets(rank, world_size, bucket_cap_mb):
     for step in range(2):
         x, y = _batch(step, rank, 256, 10)
         F.cross_entropy(ddp(x), y).backward()
-    manual = ManualDDP(_big_mlp(), bucket_cap_mb=bucket_cap_mb)
-    layouts = []
-    for step in range(2):
-        x, y = _batch(step, rank, 256, 10)
-        F.cross_entropy(manual(x), y).backward()
-        layouts.append([(i, [manual._param_names[j] for j in b.indices], b.flat.numel())
-                        for i, b in enumerate(manual.buckets)])
+    layouts = {}
+    for wrapper in (BucketedDDP, ManualDDP):
+        manual = wrapper(_big_mlp(), bucket_cap_mb=bucket_cap_mb)
+        layouts[wrapper.__name__] = []
+        for step in range(2):
+            x, y = _batch(step, rank, 256, 10)
+            F.cross_entropy(manual(x), y).backward()
+            layouts[wrapper.__name__].append(
+                [(i, [manual._names[j] for j in b.indices], b.flat.numel())
+                 for i, b in enumerate(manual.buckets)])
     return seen, layouts
 
 
 @pytest.mark.parametrize("bucket_cap_mb,n_buckets", [(None, 2), (2, 4)])
 def test_bucket_layout_is_stocks(bucket_cap_mb, n_buckets):
     (seen, layouts), = run_ranks(_stock_buckets, 1, bucket_cap_mb)
-    first, rebuilt = layouts
+    assert layouts["BucketedDDP"] == layouts["ManualDDP"]
+    first, rebuilt = layouts["ManualDDP"]
     assert len(first) == 1, "the first iteration uses one bucket"
     assert len(rebuilt) == n_buckets
     # The hook runs once per bucket per backward, in bucket order.

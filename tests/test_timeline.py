@@ -1,5 +1,4 @@
-"""The overlap timeline: a Chrome trace that says what it should, and an overlap figure that tells
-the naive way from the bucketed one.
+"""The overlap timeline: a Chrome trace that says what it should; the overlap figure's arithmetic.
 
     pytest tests/test_timeline.py
 """
@@ -50,14 +49,39 @@ def test_one_all_reduce_per_bucket_per_step_with_its_bytes(traced, kind):
             assert all(start <= e["ts"] and e["ts"] + e["dur"] <= end + 5000 for e in comm)
 
 
-def test_naive_overlaps_nothing_and_buckets_overlap(traced):
-    shares = dict(re.findall(r"^(\w+): communication overlapped with backward: (.*) \(per rank\)",
-                             traced[0], re.M))
-    naive = [float(s.rstrip("%")) for s in shares["naive"].split(", ")]
-    bucketed = [float(s.rstrip("%")) for s in shares["bucketed"].split(", ")]
-    assert naive == [0.0, 0.0]  # every all_reduce blocks backward
-    assert all(b > 5 for b in bucketed), shares  # bucket 0 leaves while backward computes
+def test_naive_blocks_on_every_all_reduce_and_buckets_leave_during_backward(traced):
+    # What is deterministic, not how much overlap a busy machine happens to give.
+    events = {kind: [e for e in evs if e["ph"] != "M"] for kind, evs in traced[1].items()}
+    for rank in (0, 1):
+        naive = [e for e in events["naive"] if e["pid"] == rank and e["args"]["step"] == 2]
+        comm = [e for e in naive if e["tid"] == 1]
+        blocked = [e for e in naive if e["name"] == "blocked: all_reduce"]
+        assert len(comm) == 10 and len(blocked) == 10  # one per parameter, each blocking
+        assert [(e["ts"], e["dur"]) for e in comm] == [(e["ts"], e["dur"]) for e in blocked]
+        bucketed = [e for e in events["bucketed"] if e["pid"] == rank and e["args"]["step"] == 2]
+        first = min(e["ts"] for e in bucketed if e["name"] == "bucket 0")
+        last_grad = max(e["ts"] for e in bucketed if e["name"].startswith("grad "))
+        assert first < last_grad  # bucket 0 leaves while backward is still computing
+        assert any(e["name"] == "blocked: wait for buckets" for e in bucketed)
+    # The overlap figure is printed for each, a measurement: no threshold is asserted.
+    for kind in ("naive", "bucketed", "stock"):
+        assert re.search(rf"^{kind}: communication overlapped with backward: \d+%, \d+%",
+                         traced[0], re.M), traced[0]
     assert "rank 1 comm    |" in traced[0] and "B" in traced[0]
+
+
+def test_overlap_arithmetic_on_a_synthetic_trace():
+    from minddp.overlap import COMM, COMPUTE, overlap
+
+    def ev(track, name, ts, dur=0.0, **args):
+        return {"step": 0, "track": track, "name": name, "ts": ts, "dur": dur, "args": args}
+    # Backward computes from 0 to 100; communication 50-150 and 160-200 (140 in all); of the
+    # 50 us inside the backward window, 20 are blocked: (50 - 20) / 140 overlapped.
+    events = [ev(COMPUTE, "backward starts", 0), ev(COMPUTE, "grad a", 100),
+              ev(COMM, "bucket 0", 50, 100), ev(COMM, "bucket 1", 160, 40),
+              ev(COMPUTE, "blocked: all_reduce", 60, 20, blocked=True)]
+    assert overlap(events, 0) == (50 - 20) / 140
+    assert overlap([e for e in events if e["track"] != COMM], 0) is None  # nothing sent
 
 
 def test_missing_out_directory_is_refused_before_training(tmp_path):

@@ -1,0 +1,82 @@
+"""Stock DDP's constructor, checked as stock checks it: what makes minddp's wrappers drop-ins.
+
+    python -c "import minddp, inspect; print(inspect.signature(minddp.ManualDDP))"
+
+Real training code writes `DDP(model, device_ids=[local_rank])`. Swap in a minddp class
+and that line must still work, and a call that stock refuses must be refused the same
+way (the same exception type and message), so nothing differs silently. Not part of the
+lesson: naive.py and bucketed.py call these in one line each.
+"""
+
+import torch
+from torch.utils._pytree import tree_map
+
+from .errors import UsageError
+
+
+def check_stock_arguments(module, device_ids=None, output_device=None):
+    """Stock's checks of module, device_ids and output_device; returns the device_ids to use.
+
+    On a CUDA module, device_ids=[i] means "this module lives on cuda:i": forward then moves
+    its inputs there, as stock does. On a CPU module stock refuses device_ids, and so do we.
+    """
+    params = list(module.parameters())
+    if not any(p.requires_grad for p in params):
+        raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have"
+                           " any parameter that requires a gradient.")
+    if any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in params):
+        raise RuntimeError("Modules with uninitialized parameters can't be used with"
+                           " `DistributedDataParallel`. Run a dummy forward pass to correctly"
+                           " initialize the modules")
+    if device_ids is not None and len(device_ids) > 1:
+        raise ValueError("device_ids can only be None or contain a single element.")
+    types = {p.device.type for p in params}
+    if len(types) != 1:
+        raise ValueError("DistributedDataParallel's input module must be on the same type of"
+                         f" devices, but input module parameters locate in {types}.")
+    multi_device = len({p.device for p in params}) > 1
+    if not device_ids or types == {"cpu"} or multi_device:
+        if device_ids or output_device:
+            raise ValueError(
+                "DistributedDataParallel device_ids and output_device arguments only work with"
+                " single-device/multiple-device GPU modules or CPU modules, but got device_ids"
+                f" {device_ids}, output_device {output_device}, and module parameters"
+                f" {set(p.device for p in params)}.")
+        return None
+    return [torch._utils._get_device_index(d, True) for d in device_ids]
+
+
+def move_to_device(args, kwargs, device_ids):
+    """The inputs moved to device_ids[0] (stock's forward does this when device_ids is set)."""
+    if not device_ids:
+        return args, kwargs
+    device = torch.device("cuda", device_ids[0])
+    move = lambda x: x.to(device) if isinstance(x, torch.Tensor) else x  # noqa: E731
+    return tree_map(move, args), tree_map(move, kwargs)
+
+
+def missing_gradients_error(missing):
+    """The error for parameters that require grad but got none in a synced backward."""
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    return UsageError(f"parameter {missing[0]!r} requires grad but got no gradient in this"
+                      f" backward{more}",
+                      hint="use it in forward so it reaches the loss, or freeze it with"
+                           " requires_grad_(False) before wrapping the model (or pass"
+                           " find_unused_parameters=True to ManualDDP, as to stock DDP)")
+
+
+# Stock arguments ManualDDP does not implement: a value other than the default is refused.
+NOT_IMPLEMENTED = {
+    "delay_all_reduce_named_params": None, "param_to_hook_all_reduce": None,
+    "mixed_precision": None, "device_mesh": None, "skip_all_reduce_unused_params": False,
+    "bucket_cap_mb_list": None,
+}
+
+
+def refuse_unimplemented(**given):
+    """One clear line for a stock argument that minddp does not implement."""
+    for name, value in given.items():
+        if value is not NOT_IMPLEMENTED[name] and value != NOT_IMPLEMENTED[name]:
+            raise UsageError(f"ManualDDP does not implement stock DDP's {name}={value!r}",
+                             hint=f"leave {name} at its default ({NOT_IMPLEMENTED[name]!r}), or"
+                                  " use torch.nn.parallel.DistributedDataParallel for it")
