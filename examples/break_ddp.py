@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from minddp import (GradTable, NeuralNetwork, ReplicaError, ShardSampler, UsageError,
                     broadcast_parameters, check_replicas, ddp_setup, ddp_teardown,
-                    exit_on_usage_error, print0, toy_datasets)
+                    exit_on_failure, exit_on_usage_error, print0, toy_datasets)
 from minddp.cli import lesson_parser, parse_checked
 
 BREAKS = {
@@ -116,7 +116,7 @@ def main(env, args):
 
 
 if __name__ == "__main__":
-    with exit_on_usage_error():
+    with exit_on_failure(), exit_on_usage_error():
         parser = lesson_parser(__doc__)
         parser.add_argument("--break", dest="broken", default="all", metavar="NAME",
                             help="one of: all, " + ", ".join(BREAKS))

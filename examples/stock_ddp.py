@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches, check_replicas,
-                    ddp_setup, ddp_teardown, exit_on_usage_error, print0, print_rank, toy_datasets)
+                    ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0,
+                    print_rank, toy_datasets)
 from minddp.cli import lesson_parser, parse_checked
 from minddp.timeline import record_timeline
 from torch.utils.data.distributed import DistributedSampler
@@ -61,8 +62,8 @@ def main(env, args):
 
 
 if __name__ == "__main__":
-    with exit_on_usage_error():  # a setup mistake: one line and a hint, exit status 2
-        args = parse_checked(lesson_parser(__doc__))  # bad flags fail here, before training
+    with exit_on_failure(), exit_on_usage_error():  # one line and a hint, exit 1 or 2
+        args = parse_checked(lesson_parser(__doc__, timeline=True))  # bad flags: exit 2, at once
         env = ddp_setup(args.backend, args.device, args.timeout)
         print0(f"PyTorch {torch.__version__} | {env}")  # world size, backend and device
         main(env, args)

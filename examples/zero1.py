@@ -14,10 +14,11 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches, check_replicas,
-                    ddp_setup, ddp_teardown, exit_on_usage_error, print0, print_rank, toy_datasets)
+                    ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0,
+                    print_rank, toy_datasets)
 from minddp.cli import lesson_parser, parse_checked
 from minddp import ShardSampler
-from minddp import ManualDDP
+from minddp import BucketedDDP
 from minddp import ShardedOptimizer
 
 
@@ -33,7 +34,7 @@ def main(env, args):
 
     model = NeuralNetwork(num_inputs=2, num_outputs=2).to(env.device)
     optimizer = ShardedOptimizer(model.parameters(), torch.optim.SGD, lr=0.5)  # ZeRO-1
-    model = ManualDDP(model)  # broadcasts rank 0's weights; hooks average the gradients
+    model = BucketedDDP(model, device_ids=env.device_ids)  # rank 0's weights; buckets average
     grad_table = GradTable(model, args.grad_table)  # records nothing without --grad-table
 
     for epoch in range(args.epochs):
@@ -62,10 +63,9 @@ def main(env, args):
 
 
 if __name__ == "__main__":
-    with exit_on_usage_error():  # a setup mistake: one line and a hint, exit status 2
+    with exit_on_failure(), exit_on_usage_error():  # one line and a hint, exit 1 or 2
         args = parse_checked(lesson_parser(__doc__))  # bad flags fail here, before training
         env = ddp_setup(args.backend, args.device, args.timeout)
-        print0(f"PyTorch {torch.__version__} | world size {env.world_size}"
-               f" | backend {env.backend} | device {env.device}")
+        print0(f"PyTorch {torch.__version__} | {env}")  # world size, backend and device
         main(env, args)
         ddp_teardown()  # after main() has returned and freed the model: launch.py says why

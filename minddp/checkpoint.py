@@ -27,8 +27,9 @@ FORMAT = "minddp-checkpoint/2"
 
 
 def save_checkpoint(path, epoch, step, **stateful):
-    """Collective: call on every rank. Rank 0 writes PATH atomically.
+    """Save a checkpoint: rank 0 writes PATH atomically.
 
+    Collective: call on every rank.
     `stateful`: name=object pairs, each saved through its state_dict() (the model, the
     optimizer, a GradTable, whose state_dict() is itself a collective).
     """
@@ -50,9 +51,9 @@ def save_checkpoint(path, epoch, step, **stateful):
 def load_checkpoint(path, device, **stateful):
     """Resume from PATH if it exists; return (first epoch, steps taken), (0, 0) without one.
 
-    Call it on every rank, before wrapping the model: each rank reads the file itself
-    and maps the tensors to its own device (a checkpoint saved from cuda:0 must not land
-    every rank's copy on GPU 0). The model must be the unwrapped module.
+    Call it on every rank: each rank reads the file itself and maps the tensors to its own
+    device (a checkpoint saved from cuda:0 must not land every rank's copy on GPU 0). The
+    model is the unwrapped module (`model.module` once wrapped): loading copies in place.
     """
     if path is None or not os.path.exists(path):
         return 0, 0
@@ -60,8 +61,8 @@ def load_checkpoint(path, device, **stateful):
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as err:  # truncated, not a torch file, unpickling refused
-        first = (str(err).strip().splitlines() or [""])[0][:100]
-        raise UsageError(f"cannot resume from {path}: not a minddp checkpoint"
+        first = (str(err).strip().splitlines() or [""])[0].split(". ")[0].rstrip(".")
+        raise UsageError(f"cannot resume from {path}: it is damaged or not a minddp checkpoint"
                          f" ({type(err).__name__}: {first})", hint=hint, same_on_every_rank=True)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UsageError(f"cannot resume from {path}: not a minddp checkpoint"

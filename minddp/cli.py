@@ -10,14 +10,18 @@ that exists and is writable (minddp never creates directories behind your back).
 """
 
 import argparse
+import difflib
 import os
 import tempfile
 
 from .errors import UsageError
 
 
-def lesson_parser(doc):
-    """An ArgumentParser with the flags every example shares; add your own, then parse_checked()."""
+def lesson_parser(doc, timeline=False, accumulate=False, restart=False):
+    """An ArgumentParser with the examples' flags; parse it with parse_checked().
+
+    timeline, accumulate, restart: add the flags of the examples that have those features.
+    """
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=3, help="passes over the training set")
@@ -27,9 +31,10 @@ def lesson_parser(doc):
                         help="enlarge the 5-example training set this many times"
                              " (the lesson's factor)")
     parser.add_argument("--grad-table", metavar="PATH", help="record every synced gradient to PATH")
-    parser.add_argument("--timeline", metavar="PATH",
-                        help="record backward and each bucket's all-reduce"
-                             " to a Chrome trace at PATH")
+    if timeline:
+        parser.add_argument("--timeline", metavar="PATH",
+                            help="record backward and each bucket's all-reduce"
+                                 " to a Chrome trace at PATH")
     parser.add_argument("--check-replicas", action="store_true",
                         help="after every optimizer step, check that all ranks"
                              " hold the same weights")
@@ -40,6 +45,20 @@ def lesson_parser(doc):
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                         help="auto: cuda:LOCAL_RANK with nccl, mps for one process on a Mac,"
                              " else cpu")
+    if accumulate or restart:
+        parser.add_argument("--ddp", default="manual", choices=["manual", "stock"],
+                            help="wrap with minddp's BucketedDDP or stock PyTorch's DDP")
+    if accumulate:
+        parser.add_argument("--accumulate", type=int, default=2, metavar="K",
+                            help="micro-batches per optimizer step")
+    if restart:
+        parser.add_argument("--checkpoint", metavar="PATH", required=True,
+                            help="save after every epoch; if PATH exists at start, resume from it")
+        parser.add_argument("--crash-at-step", type=int, metavar="K",
+                            help="one rank exits abruptly as step K (from 1) begins,"
+                                 " first attempt only")
+        parser.add_argument("--crash-rank", type=int, metavar="R",
+                            help="the rank that crashes (default: the last)")
     return parser
 
 
@@ -50,7 +69,8 @@ AT_LEAST_ONE = ("epochs", "factor", "accumulate")
 
 # Flags that each moved out of the lesson's examples into an example of their own.
 MOVED = {"--accumulate": "accumulate.py", "--checkpoint": "restart.py",
-         "--crash-at-step": "restart.py", "--crash-rank": "restart.py"}
+         "--crash-at-step": "restart.py", "--crash-rank": "restart.py",
+         "--timeline": "manual_ddp.py"}
 
 
 def parse_checked(parser, argv=None):
@@ -64,7 +84,15 @@ def parse_checked(parser, argv=None):
                              hint=f"torchrun --nproc_per_node=2 examples/{MOVED[flag]} {flag} ...",
                              same_on_every_rank=True)
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        # Said once (not once per rank under torchrun), with the nearest flag this example has.
+        known = [o for action in parser._actions for o in action.option_strings]
+        close = difflib.get_close_matches(unknown[0].split("=")[0], known, n=1)
+        raise UsageError(f"unrecognized argument {unknown[0]!r}",
+                         hint=(f"did you mean {close[0]}? " if close else "")
+                         + f"{parser.prog} --help lists the flags", same_on_every_rank=True)
+    if args.timeout <= 0:  # gloo would fail deep in C++ (0: at the first collective, <0: at once)
+        raise UsageError(f"--timeout {args.timeout:g}: must be more than 0 seconds",
+                         hint="e.g. --timeout 120", same_on_every_rank=True)
     for name in AT_LEAST_ONE:
         value = getattr(args, name, None)
         if value is not None and value < 1:
@@ -101,19 +129,3 @@ def check_output_path(path, flag):
     else:
         return
     raise UsageError(f"{flag} {path}: {problem}", hint=hint, same_on_every_rank=True)
-
-
-def add_ddp_flag(parser):
-    parser.add_argument("--ddp", default="manual", choices=["manual", "stock"],
-                        help="minddp's ManualDDP and ShardSampler, or stock PyTorch's")
-
-
-def ddp_pieces(kind):
-    """(sampler class, wrap(model, env)) for --ddp: where stock_ddp.py and manual_ddp.py differ."""
-    if kind == "stock":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        from torch.utils.data.distributed import DistributedSampler
-        return DistributedSampler, lambda model, env: DDP(model, device_ids=env.device_ids)
-    from .ddp import ManualDDP
-    from .sampler import ShardSampler
-    return ShardSampler, lambda model, env: ManualDDP(model)

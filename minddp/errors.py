@@ -11,7 +11,7 @@ prints two lines and exits with status 2:
 
 (Under torchrun the agent then adds its own failure report; read the first lines.)
 
-The same context manager turns a *collective that failed* (a peer died, or stopped
+`exit_on_failure()` turns a *collective that failed* (a peer died, or stopped
 taking part until the process-group timeout ran out, see launch.py) into one line with
 the rank that saw it, and exit status 1, instead of the backend's C++ traceback.
 """
@@ -25,6 +25,7 @@ import traceback
 EXIT_USAGE = 2
 EXIT_COLLECTIVE = 1
 EXIT_CRASH = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 # How gloo and nccl word "your peer is gone": a dead peer closes its sockets at once; a
 # live one that never joins the collective is noticed when the timeout runs out.
@@ -53,14 +54,29 @@ class UsageError(RuntimeError):
 
 @contextlib.contextmanager
 def exit_on_usage_error():
-    """UsageError: `error:` + `---> HINT:` lines, exit 2. A failed collective: the same, exit 1.
-
-    Any other error while a process group exists: its traceback, then exit 1 at once.
-    """
+    """A UsageError: prints `error:` and `---> HINT:` lines (once, not per rank), exits 2."""
     try:
         yield
     except UsageError as err:
         _exit_usage(err)
+
+
+@contextlib.contextmanager
+def exit_on_failure():
+    """Any other failure while a process group is alive: report it and exit 1 at once.
+
+    A failed collective (a peer died or timed out): one line naming it. Ctrl-C: one line,
+    `interrupted`, exit 130 as shells expect. Anything else: its traceback. Then os._exit,
+    no interpreter teardown: the traceback's frames hold the model, and the interpreter's
+    exit would free it with the group's threads still running (launch.ddp_teardown).
+    """
+    try:
+        yield
+    except UsageError:
+        raise  # exit_on_usage_error's
+    except KeyboardInterrupt:
+        print(f"[rank{os.environ.get('RANK', '0')}] interrupted", file=sys.stderr, flush=True)
+        _hard_exit(EXIT_INTERRUPTED)
     except Exception as err:
         import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()):
@@ -68,9 +84,6 @@ def exit_on_usage_error():
         text = str(err)
         if any(marker in text for marker in _COLLECTIVE_FAILURES):
             _exit_collective(text)
-        # The group is alive, and so, through the traceback, is the model: the
-        # interpreter's exit would free them with the group's threads still running
-        # (a hang or an abort, see launch.ddp_teardown). Report and leave at once.
         traceback.print_exc()
         _hard_exit(EXIT_CRASH)
 

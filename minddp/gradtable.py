@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import sys
+import zipfile
 
 import numpy as np
 import torch
@@ -166,6 +167,9 @@ def read_table(path):
     if not os.path.exists(npz):
         what = "no such file" if not os.path.exists(path) else f"its element file {npz} is missing"
         raise TableError(f"cannot read {path}: {what}")
+    if not zipfile.is_zipfile(npz):  # np.load would speak of pickles, which do not apply
+        raise TableError(f"cannot read {path}: {npz} is damaged or not a minddp gradient table"
+                         f" (not a .npz archive)")
     try:
         with np.load(npz, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))

@@ -11,7 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from minddp import ddp_setup, exit_on_usage_error
+from minddp import ddp_setup, exit_on_failure, exit_on_usage_error
 
 
 def main(args):
@@ -24,5 +24,5 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--timeout", type=float, default=3)
-    with exit_on_usage_error():
+    with exit_on_failure(), exit_on_usage_error():
         main(parser.parse_args())
