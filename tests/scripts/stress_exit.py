@@ -2,10 +2,12 @@
 
     python tests/scripts/stress_exit.py                  # 100 runs of each variant (about 40 min)
     python tests/scripts/stress_exit.py --runs 5 --variants stock-table
+    python tests/scripts/stress_exit.py --runs 40 --variants client-stock client-manual \
+        client-bucketed client-naive                     # a client's own setup and teardown
 
 Not part of the test suite (it takes long); run it after touching setup or teardown.
-Each variant is one example with or without --grad-table, 2 processes under torchrun;
-the variants take turns. Each run is classified:
+Each variant is one example with or without --grad-table, or the nanoGPT-shaped client
+with one wrapper, 2 processes under torchrun; the variants take turns. Each run is classified:
 
     clean           exit 0, accuracy printed
     hang-finished   still running at --limit after printing its accuracy (a teardown hang)
@@ -31,6 +33,14 @@ VARIANTS = {
     "stock": ("stock_ddp.py", False), "stock-table": ("stock_ddp.py", True),
     "manual": ("manual_ddp.py", False), "manual-table": ("manual_ddp.py", True),
 }
+# A client's order: tests/clients/nanogpt_train.py sets up its own group and destroys it
+# with the model alive; its DDP import swapped for each wrapper.
+CLIENT = REPO / "tests" / "clients" / "nanogpt_train.py"
+STOCK_IMPORT = "from torch.nn.parallel import DistributedDataParallel as DDP"
+CLIENT_IMPORTS = {"client-stock": STOCK_IMPORT,
+                  "client-manual": "from minddp import ManualDDP as DDP",
+                  "client-bucketed": "from minddp import BucketedDDP as DDP",
+                  "client-naive": "from minddp import NaiveDDP as DDP"}
 KINDS = ["clean", "hang-finished", "hang", "abort", "failed"]
 
 
@@ -45,15 +55,28 @@ def classify(result_or_hang):
     out, err = result_or_hang.stdout, result_or_hang.stderr
     if "terminate called" in err or "SIGABRT" in err or "Signal 6" in err:
         return "abort"
+    finished = "Test accuracy" in out or out.count("val loss") == 2
     if isinstance(result_or_hang, Hang):
-        return "hang-finished" if "Test accuracy" in out else "hang"
-    return "clean" if result_or_hang.returncode == 0 and "Test accuracy" in out else "failed"
+        return "hang-finished" if finished else "hang"
+    return "clean" if result_or_hang.returncode == 0 and finished else "failed"
+
+
+def launch(variant, tmp, limit):
+    if variant in CLIENT_IMPORTS:
+        script = Path(tmp, f"{variant}.py")
+        if not script.exists():
+            script.write_text(CLIENT.read_text().replace(STOCK_IMPORT, CLIENT_IMPORTS[variant]))
+        return torchrun(2, script, tmp, timeout=limit)
+    script, table = VARIANTS[variant]
+    extra = ["--grad-table", os.path.join(tmp, f"{variant}.txt")] if table else []
+    return torchrun(2, REPO / "examples" / script, *extra, timeout=limit)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100, help="runs per variant")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                        choices=list(VARIANTS) + list(CLIENT_IMPORTS))
     parser.add_argument("--load", type=int, default=1, help="CPU-heavy processes beside the runs")
     parser.add_argument("--limit", type=float, default=60, help="seconds before a run counts as hung")
     args = parser.parse_args()
@@ -67,10 +90,8 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             for i in range(args.runs):
                 for variant in args.variants:
-                    script, table = VARIANTS[variant]
-                    extra = ["--grad-table", os.path.join(tmp, f"{variant}.txt")] if table else []
                     try:
-                        result = torchrun(2, REPO / "examples" / script, *extra, timeout=args.limit)
+                        result = launch(variant, tmp, args.limit)
                     except Hang as hang:
                         result = hang
                     kind = classify(result)

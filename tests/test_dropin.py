@@ -1,0 +1,108 @@
+"""ManualDDP as a drop-in: client training code, its DDP import swapped, nothing else touched.
+
+    pytest tests/test_dropin.py
+
+Two clients written against stock DDP (tests/clients/): a nanoGPT-shaped script and the
+PyTorch DDP tutorial's trainer. Each runs under torchrun as written, and again with the one
+line `from torch.nn.parallel import DistributedDataParallel as DDP` replaced by
+`from minddp import ManualDDP as DDP`. Losses, weights and optimizer state must be bitwise
+equal, and both runs must exit cleanly although the clients call destroy_process_group()
+with the model still alive and never call minddp's setup or teardown.
+"""
+
+import inspect
+import re
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from helpers import REPO, run_ranks, torchrun
+from minddp import BucketedDDP, ManualDDP, NaiveDDP, UsageError
+
+STOCK_IMPORT = "from torch.nn.parallel import DistributedDataParallel as DDP"
+CLIENTS = {"nanogpt": ("nanogpt_train.py", "ckpt.pt"), "tutorial": ("tutorial_trainer.py", "snap.pt")}
+
+
+def _equal(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
+def test_client_code_with_the_import_swapped_is_bitwise_stock(client, tmp_path):
+    script, saved = CLIENTS[client]
+    source = (REPO / "tests" / "clients" / script).read_text()
+    assert source.count(STOCK_IMPORT) == 1
+    runs = {}
+    for wrapper, text in (("stock", source),
+                          ("manual", source.replace(STOCK_IMPORT, "from minddp import ManualDDP as DDP"))):
+        (tmp_path / wrapper).mkdir()
+        path = tmp_path / wrapper / script
+        path.write_text(text)
+        out = tmp_path / wrapper / saved
+        result = torchrun(2, path, out if client == "tutorial" else tmp_path / wrapper)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "terminate called" not in result.stderr and "Traceback" not in result.stderr
+        # Both ranks print to one stream, so a line may run into another: find, not split.
+        lines = sorted(re.findall(r"(?:rank \d+ .*?|\[GPU\d\] .*?)loss [-0-9.e]+", result.stdout))
+        runs[wrapper] = lines, torch.load(out, weights_only=True)
+    (stock_lines, stock_state), (manual_lines, manual_state) = runs["stock"], runs["manual"]
+    assert len(stock_lines) >= 6 and manual_lines == stock_lines
+    assert _equal(stock_state, manual_state), "weights or optimizer state differ"
+
+
+def _stock_refusals(rank, world_size):
+    """What stock and each minddp class say to the same wrong calls."""
+    calls = {
+        "device_ids on a CPU module": lambda cls: cls(torch.nn.Linear(2, 2), device_ids=[0]),
+        "two device_ids": lambda cls: cls(torch.nn.Linear(2, 2), device_ids=[0, 1]),
+        "output_device on CPU": lambda cls: cls(torch.nn.Linear(2, 2), output_device=1),
+        "nothing to train": lambda cls: cls(torch.nn.Linear(2, 2).requires_grad_(False)),
+        "a list as process_group": lambda cls: cls(torch.nn.Linear(2, 2), [rank]),
+    }
+    said = {}
+    for name, call in calls.items():
+        for cls in (DDP, NaiveDDP, BucketedDDP, ManualDDP):
+            try:
+                call(cls)
+                said[name, cls.__name__] = None
+            except Exception as err:
+                said[name, cls.__name__] = (type(err).__name__, str(err).split(" (hint")[0])
+    for name, kwargs in {"mixed_precision": {"mixed_precision": object()},
+                         "bucket_cap_mb_list": {"bucket_cap_mb_list": [1, 2]}}.items():
+        try:
+            ManualDDP(torch.nn.Linear(2, 2), **kwargs)
+        except UsageError as err:
+            said[name] = str(err)
+    return said
+
+
+def test_wrong_calls_are_refused_as_stock_refuses_them():
+    said = run_ranks(_stock_refusals, 1)[0]
+    for name in ("device_ids on a CPU module", "two device_ids", "output_device on CPU",
+                 "nothing to train"):
+        stock = said[name, "DistributedDataParallel"]
+        assert stock is not None, name
+        for cls in ("NaiveDDP", "BucketedDDP", "ManualDDP"):
+            assert said[name, cls] == stock, (name, cls, said[name, cls], stock)
+    # Positionally, stock's order: the second argument is device_ids, never process_group.
+    assert said["a list as process_group", "ManualDDP"] == \
+        said["a list as process_group", "DistributedDataParallel"]
+    assert said["mixed_precision"].startswith("ManualDDP does not implement stock DDP's"
+                                              " mixed_precision=")
+    assert said["bucket_cap_mb_list"].startswith("ManualDDP does not implement stock DDP's"
+                                                 " bucket_cap_mb_list=[1, 2]")
+
+
+def test_the_signature_is_stocks():
+    stock = list(inspect.signature(DDP.__init__).parameters)[1:]
+    assert list(inspect.signature(ManualDDP.__init__).parameters)[1:] == stock
+    for cls in (NaiveDDP, BucketedDDP):  # a prefix of stock's, in stock's order
+        mine = list(inspect.signature(cls.__init__).parameters)[1:]
+        assert mine == stock[:len(mine)], cls
