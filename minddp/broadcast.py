@@ -18,6 +18,8 @@ from .errors import UsageError
 def check_same_model(module, group=None):
     """Raise UsageError, on every rank alike, if ranks hold differently shaped models.
 
+    Collective: call on every rank.
+
     Broadcasting into a tensor of another shape fails deep in the backend, or pairs the
     wrong tensors and hangs; a list of names and shapes, compared up front, names the
     culprit instead. Stock DDP checks the same (_verify_param_shape_across_processes).
@@ -47,6 +49,8 @@ def check_same_model(module, group=None):
 @torch.no_grad()
 def broadcast_parameters(module, src=0, group=None, buffers=True):
     """Overwrite every parameter (and buffer, unless buffers=False) with rank `src`'s, in place.
+
+    Collective: call on every rank.
 
     In place matters: the optimizer already holds these very tensors.
     Buffers count too: a BatchNorm's running mean is state the forward pass uses

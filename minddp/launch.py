@@ -33,6 +33,8 @@ EXIT_BOUND_S = 60  # the longest a finished rank may take to exit (see ddp_teard
 
 @dataclass(frozen=True)
 class DDPEnv:
+    """Who this process is (rank, local_rank, world_size) and what it runs on (backend, device)."""
+
     rank: int
     local_rank: int
     world_size: int
@@ -54,6 +56,8 @@ class DDPEnv:
 
 def ddp_setup(backend="auto", device="auto", timeout=DEFAULT_TIMEOUT_S):
     """Read torchrun's environment, pick backend and device, start the process group.
+
+    Collective: call on every rank.
 
     Without torchrun (plain `python script.py`) this is a world of one process.
     `timeout` (seconds) bounds how long a rank waits in a collective for its peers.
@@ -86,6 +90,8 @@ def ddp_setup(backend="auto", device="auto", timeout=DEFAULT_TIMEOUT_S):
 
 def ddp_teardown():
     """Free the process group, all ranks together. Call it after main() has returned.
+
+    Collective: call on every rank.
 
     Order matters. Stock DDP's reducer is C++ and holds the process group. Were it the
     last holder, freeing the model (when main()'s frame ends) would run the group's

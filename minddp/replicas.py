@@ -32,10 +32,11 @@ def _digest(tensor):
 
 
 def check_replicas(module, group=None):
-    """Collective: call on every rank. Returns quietly when every rank holds the same bits.
+    """Check that every rank holds the same weights and buffers, bit for bit.
 
-    Otherwise every rank raises the same ReplicaError: the first differing tensor (by
-    name), which ranks disagree with rank 0, and the largest absolute difference.
+    Collective: call on every rank. Returns quietly when they agree; otherwise every rank
+    raises the same ReplicaError: the first differing tensor (by name), which ranks
+    disagree with rank 0, and the largest absolute difference.
     """
     module = getattr(module, "module", module)  # a DDP wrapper's model
     world_size = dist.get_world_size(group)

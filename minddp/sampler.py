@@ -21,6 +21,8 @@ from .errors import UsageError
 
 
 class ShardSampler(Sampler):
+    """This rank's share of every epoch: DistributedSampler's indices, written out."""
+
     def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
                  drop_last=False):
         if num_replicas is None:

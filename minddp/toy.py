@@ -17,6 +17,8 @@ Y_TEST = torch.tensor([0, 1])
 
 
 class ToyDataset(Dataset):
+    """The lesson's dataset: (features, label) pairs from two tensors."""
+
     def __init__(self, X, y):
         self.features = X
         self.labels = y
@@ -29,6 +31,8 @@ class ToyDataset(Dataset):
 
 
 class NeuralNetwork(torch.nn.Module):
+    """The lesson's model: three Linear layers with ReLU between them."""
+
     def __init__(self, num_inputs, num_outputs):
         super().__init__()
         self.layers = torch.nn.Sequential(
@@ -67,8 +71,9 @@ def compute_accuracy(model, dataloader, device):
 
 
 def all_reduce_accuracy(model, dataloader, device):
-    """Collective: call on every rank. The accuracy over the whole dataset, the same everywhere.
+    """The accuracy over the whole dataset, the same number on every rank.
 
+    Collective: call on every rank.
     A sharded loader's counts are summed over ranks (all_reduce) before dividing, so
     every rank returns one global number. Called under `if rank == 0:` it would leave
     rank 0 waiting for peers that never join.

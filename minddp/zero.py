@@ -30,6 +30,11 @@ from .errors import UsageError
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
+    """ZeRO-1: each rank keeps optimizer state for its shard of the parameters only.
+
+    Collective: call on every rank. Construction and every step() communicate.
+    """
+
     def __init__(self, params, optimizer_cls, process_group=None, **defaults):
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
