@@ -5,32 +5,31 @@
 
 The reading order, with each file's size, is the table in README.md. Importing minddp
 needs no process group, so the sampler and `python -m minddp.diff` work in a plain shell.
+Each name below is imported from its file when first used, so `python -m minddp.diff`
+does not pay for the DDP classes (whose import brings in torch._dynamo: compat.py).
 """
 
-from .broadcast import broadcast_parameters, check_same_model
-from .bucketed import BucketedDDP
-from .checkpoint import load_checkpoint, save_checkpoint
-from .ddp import ManualDDP
-from .errors import UsageError, exit_on_failure, exit_on_usage_error
-from .gradtable import GradTable
-from .launch import DDPEnv, ddp_setup, ddp_teardown, print0, print_rank
-from .naive import NaiveDDP
-from .replicas import ReplicaError, check_replicas
-from .sampler import ShardSampler, check_batches
-from .toy import NeuralNetwork, ToyDataset, all_reduce_accuracy, compute_accuracy, toy_datasets
-from .workarounds import import_dynamo_first
-from .zero import ShardedOptimizer
+import importlib
 
-# A group created before torch._dynamo is imported outlives destroy_process_group()
-# (workarounds.py). Training code that builds its own group (init_process_group, not
-# ddp_setup) imports minddp first, so importing it here covers that code too.
-import_dynamo_first()
+_WHERE = {  # public name -> the file that defines it
+    "NaiveDDP": "naive", "BucketedDDP": "bucketed", "ManualDDP": "ddp",
+    "ShardSampler": "sampler", "check_batches": "sampler",
+    "broadcast_parameters": "broadcast", "check_same_model": "broadcast",
+    "DDPEnv": "launch", "ddp_setup": "launch", "ddp_teardown": "launch", "print0": "launch",
+    "print_rank": "launch", "GradTable": "gradtable", "check_replicas": "replicas",
+    "ReplicaError": "replicas", "ShardedOptimizer": "zero", "load_checkpoint": "checkpoint",
+    "save_checkpoint": "checkpoint", "UsageError": "errors", "exit_on_usage_error": "errors",
+    "exit_on_failure": "errors", "NeuralNetwork": "toy", "ToyDataset": "toy",
+    "toy_datasets": "toy", "all_reduce_accuracy": "toy", "compute_accuracy": "toy",
+}
+__all__ = list(_WHERE)
 
-__all__ = [
-    "NaiveDDP", "BucketedDDP", "ManualDDP", "ShardSampler", "check_batches",
-    "broadcast_parameters", "check_same_model", "DDPEnv", "ddp_setup", "ddp_teardown",
-    "print0", "print_rank", "GradTable", "check_replicas", "ReplicaError", "ShardedOptimizer",
-    "load_checkpoint", "save_checkpoint", "UsageError", "exit_on_usage_error",
-    "exit_on_failure", "NeuralNetwork", "ToyDataset", "toy_datasets", "all_reduce_accuracy",
-    "compute_accuracy",
-]
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'minddp' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -12,6 +12,13 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .errors import UsageError
+from .workarounds import import_dynamo_first
+
+# Training code imports its DDP class at the top, before it creates its process group
+# (init_process_group). A group created before torch._dynamo is first imported outlives
+# destroy_process_group() and may abort the exit (workarounds.py); importing it now, with
+# the class, covers code that sets up and tears down its group itself.
+import_dynamo_first()
 
 
 def check_stock_arguments(module, device_ids=None, output_device=None):
@@ -67,6 +74,12 @@ def missing_gradients_error(missing):
 
 # Stock arguments ManualDDP does not implement: a value other than the default is refused.
 NOT_IMPLEMENTED = {
+    # static_graph=True: stock then rebuilds its buckets later and in another order
+    # (measured: bits differ from the third step at 3 ranks), so it is not a no-op.
+    "static_graph": False,
+    # batched_grad_copy=True: stock copies gradients into buckets another way; measured,
+    # its bits differ from the default's at 3 ranks from the first step.
+    "batched_grad_copy": False,
     "delay_all_reduce_named_params": None, "param_to_hook_all_reduce": None,
     "mixed_precision": None, "device_mesh": None, "skip_all_reduce_unused_params": False,
     "bucket_cap_mb_list": None,

@@ -10,6 +10,8 @@ compat.py) and stock's knobs, each in one method below, each bitwise equal to st
 the same setting (tests/test_contract.py; what each does: docs/buckets.md).
 """
 
+import warnings
+
 import torch
 import torch.distributed as dist
 
@@ -31,9 +33,9 @@ class ManualDDP(BucketedDDP):
       register_comm_hook(state, hook)  reduce each bucket your own way (minddp/hooks.py)
       sparse gradients (nn.Embedding(sparse=True))  each in a bucket of its own, sent sparse
       device_ids / output_device  checked as stock checks them; inputs moved to device_ids[0]
-      init_sync=False  no broadcast at construction;  static_graph  accepted, numbers as stock
-      dim, check_reduction, batched_grad_copy  accepted: they steer nothing minddp does
-    Stock's other arguments (mixed_precision, device_mesh, ...) are refused with one line.
+      init_sync=False  no broadcast at construction
+      dim, check_reduction  accepted: they steer nothing minddp does (check_reduction warns)
+    Stock's other arguments (static_graph, mixed_precision, ...) are refused in one line.
     """
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0,
@@ -43,7 +45,8 @@ class ManualDDP(BucketedDDP):
                  delay_all_reduce_named_params=None, param_to_hook_all_reduce=None,
                  mixed_precision=None, device_mesh=None, skip_all_reduce_unused_params=False,
                  bucket_cap_mb_list=None, batched_grad_copy=False, forward_sync_buffers=None):
-        refuse_unimplemented(delay_all_reduce_named_params=delay_all_reduce_named_params,
+        refuse_unimplemented(static_graph=static_graph, batched_grad_copy=batched_grad_copy,
+                             delay_all_reduce_named_params=delay_all_reduce_named_params,
                              param_to_hook_all_reduce=param_to_hook_all_reduce,
                              mixed_precision=mixed_precision, device_mesh=device_mesh,
                              skip_all_reduce_unused_params=skip_all_reduce_unused_params,
@@ -56,7 +59,10 @@ class ManualDDP(BucketedDDP):
                          process_group, bucket_cap_mb)
         self.broadcast_buffers = (at_init if forward_sync_buffers is None
                                   else forward_sync_buffers)
-        self.dim, self.static_graph = dim, static_graph
+        self.dim = dim  # stock scatters inputs along dim for multi-device modules only
+        if check_reduction:
+            warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is"
+                          " deprecated. Please avoid using it.", FutureWarning, stacklevel=2)
         self.find_unused_parameters = find_unused_parameters
         self._comm_hook = None  # (state, hook)
         self._backwards = 0  # synced backwards so far
@@ -136,6 +142,7 @@ class ManualDDP(BucketedDDP):
     def _rebuild_buckets(self):
         if self._rebuilt or len(self._arrival_order) != len(self._params):
             return
+
         self._build_buckets(assign_buckets(self._params, self.size_limits, self._agreed_order(),
                                            sparse=self._sparse))  # sparse ones stay apart
         self._rebuilt = True
@@ -224,8 +231,8 @@ class ManualDDP(BucketedDDP):
     # --- stock's other public members ---
 
     def _set_static_graph(self):
-        """Stock's late form of static_graph=True: accepted, the numbers do not change."""
-        self.static_graph = True
+        """Stock's late form of static_graph=True: refused, as the argument is."""
+        refuse_unimplemented(static_graph=True)
 
     def join(self, divide_by_initial_world_size=True, enable=True,
              throw_on_early_termination=False):

@@ -84,6 +84,7 @@ class GradTable:
         rows_by_rank = self.gather()
         if rows_by_rank is not None:
             write_table(self.path, rows_by_rank)
+            print(f"gradient table: {self.path} (every element: {self.path}.npz)", flush=True)
 
     def state_dict(self):
         """Collective: call on every rank. Every rank's rows so far, on rank 0 (for checkpoints).

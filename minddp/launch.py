@@ -24,8 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .backends import choose_backend
-from .workarounds import (attempt_store, bind_device_kwargs, group_threads, import_dynamo_first,
-                          windows_store_without_libuv)
+from .workarounds import group_threads, init_workarounds
 
 DEFAULT_TIMEOUT_S = 120
 EXIT_BOUND_S = 60  # the longest a finished rank may take to exit (see ddp_teardown)
@@ -73,18 +72,14 @@ def ddp_setup(backend="auto", device="auto", timeout=DEFAULT_TIMEOUT_S):
     env = DDPEnv(rank, local_rank, world_size, backend, torch.device(device_name), timeout)
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)  # before init: nccl binds to the current GPU
-    import_dynamo_first()
-    windows_store_without_libuv()
     # torch's default is 10 to 30 minutes: a rank whose peer died would sit that long in
     # its collective. The lesson's steps take milliseconds; two minutes is generous.
     timeout = datetime.timedelta(seconds=timeout)
-    if "WORLD_SIZE" in os.environ:  # torchrun set it, and MASTER_ADDR/PORT: meet there
-        store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
-        store = attempt_store(store)
-    else:  # one process meets nobody: an in-process store needs no port
-        store = dist.HashStore()
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timeout, **bind_device_kwargs(backend, env.device))
+    # The lesson's call. What some machines and torch versions need beyond it (the store
+    # of this torchrun attempt, nccl's device binding, ...) is one named call, explained
+    # in workarounds.py.
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
+                            **init_workarounds(backend, env.device, rank, world_size, timeout))
     return env
 
 

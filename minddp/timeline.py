@@ -83,6 +83,7 @@ class Timeline:
         dist.all_gather_object(everyone, self.events)
         if dist.get_rank() == 0:
             write_chrome_trace(self.path, everyone)
+            print(f"timeline: {self.path} (open it in Perfetto or chrome://tracing)", flush=True)
         return everyone
 
 
@@ -255,9 +256,7 @@ def main(argv=None):
         print(f"\n{kind}: communication overlapped with backward: {shares} (per rank)")
         if args.world_size == 1:
             print("(world size 1: nothing to communicate, nothing to draw on the comm rows)")
-        print(text)
-        if args.out:
-            print(f"trace: {_out_path(args.out, kind, args.kinds)}")
+        print(text)  # (with --out, each rank 0 said where its trace went, above)
     return 0
 
 

@@ -14,6 +14,18 @@ import platform
 import torch.distributed as dist
 
 
+def init_workarounds(backend, device, rank, world_size, timeout):
+    """Extra init_process_group() arguments, after the fixes that must come before it."""
+    import_dynamo_first()
+    windows_store_without_libuv()
+    if "WORLD_SIZE" in os.environ:  # torchrun set it, and MASTER_ADDR/PORT: meet there
+        store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+        store = attempt_store(store)
+    else:  # one process meets nobody: an in-process store needs no port
+        store = dist.HashStore()
+    return {"store": store, **bind_device_kwargs(backend, device)}
+
+
 def import_dynamo_first():
     """Import torch._dynamo before a process group exists (torch 2.13)."""
     # torch.optim imports torch._dynamo when the first optimizer is built. Imported

@@ -68,6 +68,10 @@ CONFIGS = {  # name: (model class, wrapper kwargs, zero_grad set_to_none, no_syn
     "allreduce-hook": (Wide, {"bucket_cap_mb": 0.05}, True, False),
     "fp16-hook": (Wide, {"bucket_cap_mb": 0.05}, True, False),
     "minddp-hook": (Wide, {"bucket_cap_mb": 0.05}, True, False),
+    # Arguments that steer only stock's C++ machinery: accepted, the numbers are stock's.
+    "stock-only-knobs": (BatchNormNet, {"check_reduction": True, "dim": 0, "init_sync": True},
+                         True, False),
+    "forward-sync-off": (BatchNormNet, {"forward_sync_buffers": False}, True, False),
 }
 HOOKS = {  # name: (stock's hook, ManualDDP's hook)
     "allreduce-hook": (default_hooks.allreduce_hook,) * 2,
@@ -140,7 +144,7 @@ def test_every_knob_bitwise_equal_to_stock(world_size):
         assert views == {"bucket-view-zeroed": True}  # .grad lives in the buckets
     # Replicas agree with each other too: eval outputs equal on every rank, buffers included.
     for name in CONFIGS:
-        if name != "buffers-off" or world_size == 1:
+        if name not in ("buffers-off", "forward-sync-off") or world_size == 1:
             assert all(torch.equal(r[1][name], results[0][1][name]) for r in results), name
     if world_size > 1:  # without the broadcast each rank keeps its own running statistics
         assert not all(torch.equal(r[1]["buffers-off"], results[0][1]["buffers-off"]) for r in results)

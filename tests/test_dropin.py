@@ -12,12 +12,13 @@ with the model still alive and never call minddp's setup or teardown.
 
 import inspect
 import re
+import sys
 
 import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers import REPO, run_ranks, torchrun
+from helpers import REPO, run, run_ranks, torchrun
 from minddp import BucketedDDP, ManualDDP, NaiveDDP, UsageError
 
 STOCK_IMPORT = "from torch.nn.parallel import DistributedDataParallel as DDP"
@@ -57,6 +58,16 @@ def test_client_code_with_the_import_swapped_is_bitwise_stock(client, tmp_path):
     assert _equal(stock_state, manual_state), "weights or optimizer state differ"
 
 
+@pytest.mark.parametrize("order,threads", [("minddp-first", "0"), ("minddp-late", "3")])
+def test_the_group_dies_in_destroy_when_minddp_is_imported_first(order, threads):
+    # Why a client's exit is clean: its group is really gone after destroy_process_group(),
+    # threads and all, and nothing is left for the interpreter's exit to free.
+    result = run([sys.executable, str(REPO / "tests" / "scripts" / "group_outlives_destroy.py"),
+                  order], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith(f"model alive: {threads}"), result.stdout
+
+
 def _stock_refusals(rank, world_size):
     """What stock and each minddp class say to the same wrong calls."""
     calls = {
@@ -75,6 +86,7 @@ def _stock_refusals(rank, world_size):
             except Exception as err:
                 said[name, cls.__name__] = (type(err).__name__, str(err).split(" (hint")[0])
     for name, kwargs in {"mixed_precision": {"mixed_precision": object()},
+                         "static_graph": {"static_graph": True},
                          "bucket_cap_mb_list": {"bucket_cap_mb_list": [1, 2]}}.items():
         try:
             ManualDDP(torch.nn.Linear(2, 2), **kwargs)
@@ -96,6 +108,8 @@ def test_wrong_calls_are_refused_as_stock_refuses_them():
         said["a list as process_group", "DistributedDataParallel"]
     assert said["mixed_precision"].startswith("ManualDDP does not implement stock DDP's"
                                               " mixed_precision=")
+    assert said["static_graph"].startswith("ManualDDP does not implement stock DDP's"
+                                           " static_graph=True")
     assert said["bucket_cap_mb_list"].startswith("ManualDDP does not implement stock DDP's"
                                                  " bucket_cap_mb_list=[1, 2]")
 

@@ -9,7 +9,11 @@ tests/scripts/stress_exit.py, run on demand; its counts are in docs/failures.md.
 import contextlib
 import faulthandler
 import io
+import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -82,6 +86,11 @@ BAD_FLAGS = [
      "error: --accumulate is not a flag of this example: it lives in examples/accumulate.py"),
     ("stock_ddp.py", ["--checkpoint", "ck.pt"],
      "error: --checkpoint is not a flag of this example: it lives in examples/restart.py"),
+    ("zero1.py", ["--timeline", "z.json"],  # accepted and ignored, it once wrote nothing
+     "error: --timeline is not a flag of this example: it lives in examples/manual_ddp.py"),
+    ("manual_ddp.py", ["--timeout", "0"], "error: --timeout 0: must be more than 0 seconds"),
+    ("restart.py", ["--checkpoint", "ck.pt", "--timeout", "-1"],
+     "error: --timeout -1: must be more than 0 seconds"),
 ]
 
 
@@ -101,10 +110,29 @@ def test_no_directory_is_created_behind_the_users_back(tmp_path):
     assert result.returncode == 2 and not (tmp_path / "new").exists()
 
 
-def test_bad_flags_are_refused_once_under_torchrun():
-    result = torchrun(2, EXAMPLES / "manual_ddp.py", "--epochs", "0", timeout=60)
+def test_a_typo_is_refused_once_under_torchrun_with_the_nearest_flag():
+    result = torchrun(2, EXAMPLES / "manual_ddp.py", "--grad-tabel", "t.txt", timeout=60)
     assert result.returncode != 0
-    assert result.stderr.count("error: --epochs 0: must be 1 or more") == 1  # rank 0 says it
+    assert result.stderr.count("error: unrecognized argument '--grad-tabel'") == 1  # rank 0 only
+    assert result.stderr.count("---> HINT: did you mean --grad-table?") == 1
+    assert "usage:" not in result.stderr
+
+
+def test_ctrl_c_ends_a_run_with_one_line_and_status_130(tmp_path):
+    out, err = tmp_path / "out", tmp_path / "err"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen([sys.executable, str(EXAMPLES / "manual_ddp.py"), "--epochs",
+                                 "100000"], cwd=REPO, stdout=o, stderr=e,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"))
+        try:
+            deadline = time.monotonic() + 60
+            while "Epoch:" not in out.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)  # training has started
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=30) == 130
+        finally:
+            proc.kill()
+    assert err.read_text() == "[rank0] interrupted\n"
 
 
 def test_a_finished_checkpoint_says_so_and_trains_nothing_more(tmp_path):
