@@ -115,8 +115,23 @@ def test_wrong_calls_are_refused_as_stock_refuses_them():
 
 
 def test_the_signature_is_stocks():
+    assert NaiveDDP not in ManualDDP.__mro__ and NaiveDDP not in BucketedDDP.__mro__
     stock = list(inspect.signature(DDP.__init__).parameters)[1:]
     assert list(inspect.signature(ManualDDP.__init__).parameters)[1:] == stock
     for cls in (NaiveDDP, BucketedDDP):  # a prefix of stock's, in stock's order
         mine = list(inspect.signature(cls.__init__).parameters)[1:]
         assert mine == stock[:len(mine)], cls
+
+
+def test_torch_compile_in_both_orders_gives_stocks_numbers():
+    # What docs/dropin.md promises, measured here with the aot_eager backend (the same
+    # tracing as inductor, no C++ compiler in the loop): ManualDDP(torch.compile(m))
+    # compiles m into one graph, torch.compile(ManualDDP(m)) runs eagerly as stock's
+    # wrapper does on the CPU; in both orders the weights are stock's in the same order.
+    sys.path.insert(0, str(REPO / "tests" / "scripts"))
+    import compile_orders
+    for results in run_ranks(compile_orders.all_orders, 2, "aot_eager", timeout=300):
+        for order, graphs in (("wrapper(compile(m))", 1), ("compile(wrapper(m))", 0)):
+            stock, manual = results[order, "stock"], results[order, "manual"]
+            assert manual[0] == graphs and manual[2] == [], (order, manual[:3])
+            assert all(torch.equal(a, b) for a, b in zip(stock[3], manual[3])), order

@@ -57,7 +57,7 @@ def _one(rank, wrapper, order, backend):
     return graphs, breaks, texts, weights
 
 
-def _all(rank, world_size, backend):
+def all_orders(rank, world_size, backend):
     results = {}
     for order in ("wrapper(compile(m))", "compile(wrapper(m))"):
         for wrapper in ("stock", "manual", "bucketed"):
@@ -70,7 +70,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager"])
     args = parser.parse_args()
-    results = run_ranks(_all, 2, args.backend, timeout=900)[0]
+    results = run_ranks(all_orders, 2, args.backend, timeout=900)[0]
     eager = results["eager", "stock"][3]
     print(f"torch {torch.__version__}, backend {args.backend}, 2 gloo ranks, rank 0's numbers")
     for (order, wrapper), (graphs, breaks, texts, weights) in results.items():
