@@ -14,16 +14,18 @@ import warnings
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.join import Join, Joinable
 
 from .bucketed import BucketedDDP
 from .buckets import GradBucket, aliases, assign_buckets, expects_sparse_gradient
 from .compat import refuse_unimplemented
 from .errors import UsageError
 from .hooks import hook_result
+from .join import ManualJoinHook, check_joinable, join_forward
 from .unused import unused_parameters
 
 
-class ManualDDP(BucketedDDP):
+class ManualDDP(BucketedDDP, Joinable):
     """Stock DDP's constructor and knobs on BucketedDDP: a drop-in for DistributedDataParallel.
 
     Collective: call on every rank. The knobs, by stock's names and defaults:
@@ -33,7 +35,7 @@ class ManualDDP(BucketedDDP):
       register_comm_hook(state, hook)  reduce each bucket your own way (minddp/hooks.py)
       sparse gradients (nn.Embedding(sparse=True))  each in a bucket of its own, sent sparse
       device_ids / output_device  checked as stock checks them; inputs moved to device_ids[0]
-      init_sync=False  no broadcast at construction
+      init_sync=False  no broadcast at construction;  join()  uneven inputs (join.py)
       dim, check_reduction  accepted: they steer nothing minddp does (check_reduction warns)
     Stock's other arguments (static_graph, mixed_precision, ...) are refused in one line.
     """
@@ -69,6 +71,9 @@ class ManualDDP(BucketedDDP):
         self._unused = []  # find_unused_parameters: indices outside this forward's graph
         self._used = torch.zeros(len(self._params), dtype=torch.int32)  # used here, this step
         self._used_work = None  # the used map's all_reduce, in flight
+        Joinable.__init__(self)  # join(): disabled until the context manager enables it
+        self._divide_by_initial_world_size = True
+        self._still_training = None  # join(): step 1's work, then the count it summed
         # Sparse gradients: a bucket each, from the start (buckets.py says why).
         self._sparse = {i for i, p in enumerate(self._params) if expects_sparse_gradient(module, p)}
         if find_unused_parameters:
@@ -120,13 +125,13 @@ class ManualDDP(BucketedDDP):
         elif grad.is_sparse:
             # A sparse bucket is its one gradient, sent as it is (gloo sums sparse tensors),
             # divided in place first, as stock divides it.
-            bucket.flat = grad.div_(self.world_size) if divide else grad
+            bucket.flat = grad.div_(self._divisor()) if divide else grad
         elif aliases(grad, view):  # gradient_as_bucket_view: autograd added into the bucket
             if divide:
-                view.div_(self.world_size)
+                view.div_(self._divisor())
         else:
-            if divide:
-                super()._copy_into_bucket(index, view)  # grad / world_size, into the view
+            if divide:  # grad / world_size, into the view (as bucketed.py, join()'s divisor)
+                torch.mul(grad, 1.0 / self._divisor(), out=view)
             else:
                 view.copy_(grad)  # a hook gets the sum's addends whole
             if self.gradient_as_bucket_view:
@@ -154,6 +159,9 @@ class ManualDDP(BucketedDDP):
     # bookkeeping (docs/dropin.md). ManualDDP(torch.compile(m)) still compiles m.
     @torch._dynamo.disable
     def forward(self, *args, **kwargs):
+        if self._join_config.enable:  # inside join(): the collectives the joined ranks answer
+            self._still_training = join_forward(self)
+            self.require_forward_param_sync = False  # buffers synced there, from the right rank
         output = super().forward(*args, **kwargs)
         if self.find_unused_parameters and torch.is_grad_enabled() and self._sync_this_backward:
             self._unused = unused_parameters(output, self._params)
@@ -229,6 +237,7 @@ class ManualDDP(BucketedDDP):
             self._used_work.wait()  # never leave a collective in flight behind us
             self._used_work = None
         super()._reset()
+        self._still_training = None
         self._used.zero_()
         self._unused = []
 
@@ -238,9 +247,36 @@ class ManualDDP(BucketedDDP):
         """Stock's late form of static_graph=True: refused, as the argument is."""
         refuse_unimplemented(static_graph=True)
 
+    # --- join(): uneven inputs, stock's protocol (join.py) ---
+
     def join(self, divide_by_initial_world_size=True, enable=True,
              throw_on_early_termination=False):
-        raise UsageError("ManualDDP has no join() (uneven inputs across ranks)",
-                         hint="give every rank the same number of batches (ShardSampler and"
-                              " DistributedSampler do), or use stock DDP's join()")
+        """Context manager for ranks with different numbers of batches, stock's join().
+
+        Collective: call on every rank. A rank that runs out shadows the others' steps.
+        """
+        check_joinable(self)
+        return Join([self], enable, throw_on_early_termination,
+                     divide_by_initial_world_size=divide_by_initial_world_size)
+
+    def join_hook(self, **kwargs):
+        """What this rank does once joined (Joinable's interface): join.ManualJoinHook."""
+        return ManualJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
+
+    @property
+    def join_device(self):
+        return self._params[0].device
+
+    @property
+    def join_process_group(self):
+        return self.process_group or dist.group.WORLD
+
+    def _divisor(self):
+        """world_size, or in join mode, maybe the number of ranks still training (join.py)."""
+        if self._still_training is None or self._divide_by_initial_world_size:
+            return self.world_size
+        if isinstance(self._still_training, dist.Work):  # step 1's sum, read once per step
+            self._still_training.wait()
+            self._still_training = int(self._still_training.result()[0].item())
+        return self._still_training
 

@@ -52,6 +52,14 @@ class UsageError(RuntimeError):
         return self.message + (f" (hint: {self.hint})" if self.hint else "")
 
 
+class CollectiveFailure(RuntimeError):
+    """A collective that did not complete, with what this rank knows of why: exit 1 at once."""
+
+    def __init__(self, message, hint):
+        super().__init__(message)
+        self.hint = hint
+
+
 @contextlib.contextmanager
 def exit_on_usage_error():
     """A UsageError: prints `error:` and `---> HINT:` lines (once, not per rank), exits 2."""
@@ -74,6 +82,8 @@ def exit_on_failure():
         yield
     except UsageError:
         raise  # exit_on_usage_error's
+    except CollectiveFailure as err:
+        _exit_collective(str(err), err.hint)
     except KeyboardInterrupt:
         print(f"[rank{os.environ.get('RANK', '0')}] interrupted", file=sys.stderr, flush=True)
         _hard_exit(EXIT_INTERRUPTED)
@@ -107,16 +117,17 @@ def _exit_usage(err):
     sys.exit(EXIT_USAGE)
 
 
-def _exit_collective(text):
+def _exit_collective(text, hint=None):
     rank = int(os.environ.get("RANK", "0"))
     first = next(line for line in text.splitlines() if line.strip())
     first = first.split("] ", 1)[-1] if first.startswith("[") else first  # drop the C++ file:line
     first = first.split(". ", 1)[0]  # the fact, without gloo's boilerplate advice
     print(f"[rank{rank}] error: a collective did not complete: {first.strip()}",
           file=sys.stderr, flush=True)
-    print(f"[rank{rank}] ---> HINT: another rank died or stopped taking part (its own lines above"
-          f" say why); a rank gives up after the process-group timeout (--timeout S,"
-          f" ddp_setup(timeout=S))", file=sys.stderr, flush=True)
+    hint = hint or ("another rank died or stopped taking part (its own lines above say why);"
+                    " a rank gives up after the process-group timeout (--timeout S,"
+                    " ddp_setup(timeout=S))")
+    print(f"[rank{rank}] ---> HINT: {hint}", file=sys.stderr, flush=True)
     # The group is broken: no destroy_process_group() (it may wait for the peer that is
     # gone), and no interpreter teardown either, whose C++ destructors would meet the
     # group's still-running threads and abort ("terminate called ...", SIGABRT).
