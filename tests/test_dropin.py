@@ -48,8 +48,15 @@ def test_client_code_with_the_import_swapped_is_bitwise_stock(client, tmp_path):
         path.write_text(text)
         out = tmp_path / wrapper / saved
         result = torchrun(2, path, out if client == "tutorial" else tmp_path / wrapper)
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert "terminate called" not in result.stderr and "Traceback" not in result.stderr
+        if wrapper == "stock" and result.returncode != 0 and out.exists() \
+                and "terminate called without an active exception" in result.stderr:
+            # The reference itself: stock DDP's reducer holds the group the client destroyed,
+            # and freeing it at interpreter exit can abort (torch 2.13; seen under load).
+            # Its numbers were all written before: compare them. ManualDDP must exit cleanly.
+            print(f"{client}: stock DDP aborted at exit after finishing (torch's teardown)")
+        else:
+            assert result.returncode == 0, result.stderr[-3000:]
+            assert "terminate called" not in result.stderr and "Traceback" not in result.stderr
         # Both ranks print to one stream, so a line may run into another: find, not split.
         lines = sorted(re.findall(r"(?:rank \d+ .*?|\[GPU\d\] .*?)loss [-0-9.e]+", result.stdout))
         runs[wrapper] = lines, torch.load(out, weights_only=True)
