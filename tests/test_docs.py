@@ -84,6 +84,7 @@ def _help_of(program, args):
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             if program.startswith("minddp."):
+                sys.modules.pop(program, None)  # run it as __main__, not the imported copy
                 runpy.run_module(program, run_name="__main__", alter_sys=True)
             else:
                 runpy.run_path(str(REPO / program), run_name="__main__")
