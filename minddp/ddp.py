@@ -14,18 +14,17 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.join import Join, Joinable
 
 from .bucketed import BucketedDDP
 from .buckets import GradBucket, aliases, assign_buckets, expects_sparse_gradient
 from .compat import refuse_unimplemented
 from .errors import UsageError
 from .hooks import hook_result
-from .join import ManualJoinHook, check_joinable, join_forward
+from .join import JoinableDDP, join_forward
 from .unused import unused_parameters
 
 
-class ManualDDP(BucketedDDP, Joinable):
+class ManualDDP(BucketedDDP, JoinableDDP):
     """Stock DDP's constructor and knobs on BucketedDDP: a drop-in for DistributedDataParallel.
 
     Collective: call on every rank. The knobs, by stock's names and defaults:
@@ -71,7 +70,7 @@ class ManualDDP(BucketedDDP, Joinable):
         self._unused = []  # find_unused_parameters: indices outside this forward's graph
         self._used = torch.zeros(len(self._params), dtype=torch.int32)  # used here, this step
         self._used_work = None  # the used map's all_reduce, in flight
-        Joinable.__init__(self)  # join(): disabled until the context manager enables it
+        JoinableDDP.__init__(self)  # join(): disabled until the context manager enables it
         self._divide_by_initial_world_size = True
         self._still_training = None  # join(): step 1's work, then the count it summed
         # Sparse gradients: a bucket each, from the start (buckets.py says why).
@@ -246,37 +245,3 @@ class ManualDDP(BucketedDDP, Joinable):
     def _set_static_graph(self):
         """Stock's late form of static_graph=True: refused, as the argument is."""
         refuse_unimplemented(static_graph=True)
-
-    # --- join(): uneven inputs, stock's protocol (join.py) ---
-
-    def join(self, divide_by_initial_world_size=True, enable=True,
-             throw_on_early_termination=False):
-        """Context manager for ranks with different numbers of batches, stock's join().
-
-        Collective: call on every rank. A rank that runs out shadows the others' steps.
-        """
-        check_joinable(self)
-        return Join([self], enable, throw_on_early_termination,
-                     divide_by_initial_world_size=divide_by_initial_world_size)
-
-    def join_hook(self, **kwargs):
-        """What this rank does once joined (Joinable's interface): join.ManualJoinHook."""
-        return ManualJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
-
-    @property
-    def join_device(self):
-        return self._params[0].device
-
-    @property
-    def join_process_group(self):
-        return self.process_group or dist.group.WORLD
-
-    def _divisor(self):
-        """world_size, or in join mode, maybe the number of ranks still training (join.py)."""
-        if self._still_training is None or self._divide_by_initial_world_size:
-            return self.world_size
-        if isinstance(self._still_training, dist.Work):  # step 1's sum, read once per step
-            self._still_training.wait()
-            self._still_training = int(self._still_training.result()[0].item())
-        return self._still_training
-

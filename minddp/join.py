@@ -26,7 +26,7 @@ protocol (torch/nn/parallel/distributed.py: _DDPJoinHook), collective for collec
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.join import Join, JoinHook
+from torch.distributed.algorithms.join import Join, JoinHook, Joinable
 
 from .broadcast import broadcast_parameters
 from .errors import UsageError
@@ -101,3 +101,39 @@ def _buffers(ddp):
 def _global(ddp, group_rank):
     group = ddp.process_group
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+class JoinableDDP(Joinable):
+    """ManualDDP's join() and what torch's Join needs of it (the Joinable interface)."""
+
+    def join(self, divide_by_initial_world_size=True, enable=True,
+             throw_on_early_termination=False):
+        """Context manager for ranks with different numbers of batches, stock's join().
+
+        Collective: call on every rank. A rank that runs out shadows the others' steps.
+        """
+        check_joinable(self)
+        return Join([self], enable, throw_on_early_termination,
+                     divide_by_initial_world_size=divide_by_initial_world_size)
+
+    def join_hook(self, **kwargs):
+        """What this rank does once joined (Joinable's interface): join.ManualJoinHook."""
+        return ManualJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
+
+    @property
+    def join_device(self):
+        return self._params[0].device
+
+    @property
+    def join_process_group(self):
+        return self.process_group or dist.group.WORLD
+
+    def _divisor(self):
+        """world_size, or in join mode, maybe the number of ranks still training (step 1)."""
+        if self._still_training is None or self._divide_by_initial_world_size:
+            return self.world_size
+        if isinstance(self._still_training, dist.Work):  # step 1's sum, read once per step
+            self._still_training.wait()
+            self._still_training = int(self._still_training.result()[0].item())
+        return self._still_training
+
