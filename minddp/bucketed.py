@@ -23,6 +23,7 @@ from torch import nn
 from .broadcast import broadcast_buffers, broadcast_parameters, check_same_model
 from .buckets import Bucket, assign_buckets, bucket_size_limits, check_bucketable
 from .compat import check_stock_arguments, missing_gradients_error, move_to_device
+from .errors import UsageError
 
 
 class BucketedDDP(nn.Module):
@@ -127,9 +128,13 @@ class BucketedDDP(nn.Module):
             self._next_bucket += 1
 
     def _copy_into_bucket(self, index, view):
+        grad = self._params[index].grad
+        if grad.is_sparse:  # an embedding's rows, a different set each step: no fixed place
+            raise UsageError(f"{self._names[index]!r} has a sparse gradient",
+                             hint="ManualDDP sends each sparse gradient alone, as stock does")
         # Divide while copying, in one pass: each rank sends g_r / world_size, so the sum
         # that comes back is the mean (stock multiplies by 1/world_size the same way).
-        torch.mul(self._params[index].grad, 1.0 / self.world_size, out=view)
+        torch.mul(grad, 1.0 / self.world_size, out=view)
 
     def _launch(self, position):
         bucket = self.buckets[position]

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers import run_ranks
-from minddp import ManualDDP, NaiveDDP, UsageError
+from minddp import BucketedDDP, ManualDDP, NaiveDDP, UsageError
 
 
 class TinyLM(torch.nn.Module):
@@ -185,13 +185,22 @@ class SparseParameter(torch.nn.Module):
 
 
 def _wrap_sparse_parameter(rank, world_size):
+    messages = []
     try:
         ManualDDP(SparseParameter())
     except UsageError as err:
-        return str(err)
+        messages.append(str(err))
+    model = BucketedDDP(SparseBag())  # the lecture class keeps to dense gradients
+    inputs, loss_of = SparseBag.batch(torch.Generator().manual_seed(0))
+    try:
+        loss_of(model(inputs)).backward()
+    except UsageError as err:
+        messages.append(str(err))
+    return messages
 
 
-def test_a_layout_buckets_cannot_hold_is_named_at_wrap_time():
-    message = run_ranks(_wrap_sparse_parameter, 1)[0]
-    assert message.startswith("parameter 'table' is a torch.sparse_coo tensor: ManualDDP's buckets"
-                              " hold dense (strided) parameters")
+def test_a_layout_buckets_cannot_hold_is_named():
+    wrap, sparse_grad = run_ranks(_wrap_sparse_parameter, 1)[0]
+    assert wrap.startswith("parameter 'table' is a torch.sparse_coo tensor: ManualDDP's buckets"
+                           " hold dense (strided) parameters")
+    assert sparse_grad.startswith("'bag.weight' has a sparse gradient (hint: ManualDDP sends")
