@@ -19,7 +19,9 @@ the rank that saw it, and exit status 1, instead of the backend's C++ traceback.
 import contextlib
 import gc
 import os
+import signal
 import sys
+import threading
 import traceback
 
 EXIT_USAGE = 2
@@ -78,15 +80,17 @@ def exit_on_failure():
     no interpreter teardown: the traceback's frames hold the model, and the interpreter's
     exit would free it with the group's threads still running (launch.ddp_teardown).
     """
+    # Ctrl-C: leave from the signal handler itself. A KeyboardInterrupt raised wherever the
+    # main thread happens to be can land in a __del__ or a callback, where Python prints
+    # "Exception ignored" and goes on training.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _interrupted) if main else None
     try:
         yield
     except UsageError:
         raise  # exit_on_usage_error's
     except CollectiveFailure as err:
         _exit_collective(str(err), err.hint)
-    except KeyboardInterrupt:
-        print(f"[rank{os.environ.get('RANK', '0')}] interrupted", file=sys.stderr, flush=True)
-        _hard_exit(EXIT_INTERRUPTED)
     except Exception as err:
         import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()):
@@ -96,6 +100,14 @@ def exit_on_failure():
             _exit_collective(text)
         traceback.print_exc()
         _hard_exit(EXIT_CRASH)
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted(signum, frame):
+    print(f"[rank{os.environ.get('RANK', '0')}] interrupted", file=sys.stderr, flush=True)
+    _hard_exit(EXIT_INTERRUPTED)
 
 
 def _exit_usage(err):
