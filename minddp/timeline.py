@@ -23,6 +23,7 @@ import json
 import os
 import tempfile
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -104,6 +105,11 @@ def record_timeline(model, optimizer, path):
     if not naive and not bucketed:  # stock DDP: time PyTorch's own allreduce_hook
         model.register_comm_hook(backward, _timed_allreduce_hook(timeline))
     names = {p: n for n, p in module.named_parameters() if p.requires_grad}
+    index = {p: i for i, p in enumerate(names)}
+    # The hooks below live on the parameters, which the wrapper outlives only if nothing
+    # they hold points back at it: stock DDP's C++ reducer would close a cycle that the
+    # garbage collector cannot see through, keeping the process group alive past teardown.
+    wrapper = weakref.ref(model)
     computed = {}  # parameter -> when autograd handed its gradient over (naive: comm start)
 
     def end_of_backward():  # queued after the wrapper's own: runs once its waiting is done
@@ -113,12 +119,12 @@ def record_timeline(model, optimizer, path):
         backward.update(works=[], comms=0, last=None)
 
     def after_wrapper(p):  # the wrapper's hook on p has run (NaiveDDP's blocking all_reduce)
-        t = now_us()
+        t, model = now_us(), wrapper()
         if backward["last"] is None:
             torch.autograd.Variable._execution_engine.queue_callback(end_of_backward)
         if naive and model._sync_this_backward and model.world_size > 1:
-            timeline.add(COMM, f"param {names[p]}", computed[p], t,
-                         bytes=p.numel() * p.element_size())
+            timeline.add(COMM, f"param {index[p]}", computed[p], t,
+                         bytes=p.numel() * p.element_size(), parameter=names[p])
             timeline.add(COMPUTE, "blocked: all_reduce", computed[p], t, blocked=True)
             backward["comms"] += 1
         for position, bucket in enumerate(model.buckets if bucketed else []):

@@ -21,6 +21,7 @@ def traced(tmp_path_factory):
     result = run([sys.executable, "-m", "minddp.timeline", "--size", "4M", "--world-size", "2",
                   "--steps", "3", "--out", str(out)], timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "outlived" not in result.stdout  # recording holds no wrapper, so no group, alive
     traces = {kind: json.load(open(str(out).replace(".json", f"-{kind}.json")))["traceEvents"]
               for kind in ("naive", "bucketed", "stock")}
     return result.stdout, traces
