@@ -46,7 +46,8 @@ def _buckets_on_cuda(rank, world_size):
     torch.manual_seed(rank)
     base = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
                                torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 3)).cuda()
-    stock, manual = DDP(copy.deepcopy(base), device_ids=[0]), ManualDDP(copy.deepcopy(base), bucket_cap_mb=0.5)
+    stock = DDP(copy.deepcopy(base), device_ids=[0])
+    manual = ManualDDP(copy.deepcopy(base), device_ids=[0], bucket_cap_mb=0.5)
     equal = []
     for step in range(3):
         g = torch.Generator().manual_seed(10 * step + rank)
@@ -54,7 +55,8 @@ def _buckets_on_cuda(rank, world_size):
         grads = []
         for model in (stock, manual):
             model.zero_grad()
-            F.cross_entropy(model(x), y).backward()
+            # Inputs on the CPU: with device_ids=[0] both wrappers move them to cuda:0.
+            F.cross_entropy(model(x.cpu()), y).backward()
             grads.append([p.grad.clone() for p in model.module.parameters()])
         equal.append(all(torch.equal(a, b) for a, b in zip(*grads)))
     return equal
