@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from minddp import (ManualDDP, NeuralNetwork, check_replicas, ddp_setup, ddp_teardown,
-                    exit_on_failure, exit_on_usage_error, print0, print_rank)
+                    exit_on_failure, exit_on_usage_error, print0)
 from minddp.cli import lesson_parser, parse_checked
 from minddp.errors import CollectiveFailure
 from torch.nn.parallel import DistributedDataParallel as DDP

@@ -9,7 +9,6 @@ weights from stock DDP's in the same order and from stock DDP without compile.
 """
 
 import argparse
-import copy
 import sys
 import warnings
 from pathlib import Path
