@@ -15,10 +15,11 @@ import torch.distributed as dist
 from .errors import UsageError
 
 
-def check_same_model(module, group=None):
+def check_same_model(module, group=None, tensors=None):
     """Raise UsageError, on every rank alike, if ranks hold differently shaped models.
 
-    Collective: call on every rank.
+    Collective: call on every rank. `tensors` ((name, tensor) pairs) replaces the module's
+    parameters and buffers as what is compared (fsdp.py: one unit's own parameters).
 
     Broadcasting into a tensor of another shape fails deep in the backend, or pairs the
     wrong tensors and hangs; a list of names and shapes, compared up front, names the
@@ -27,8 +28,9 @@ def check_same_model(module, group=None):
     world_size = dist.get_world_size(group)
     if world_size == 1:
         return
-    mine = [(name, tuple(t.shape), str(t.dtype)) for name, t in
-            list(module.named_parameters()) + list(module.named_buffers())]
+    if tensors is None:
+        tensors = list(module.named_parameters()) + list(module.named_buffers())
+    mine = [(name, tuple(t.shape), str(t.dtype)) for name, t in tensors]
     everyone = [None] * world_size
     # Every rank gets every list, so every rank reaches the same verdict and raises
     # at the same point: no rank is left waiting in the broadcast below.

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .backends import choose_backend
-from .workarounds import group_threads, init_workarounds
+from .workarounds import forget_dtensor_caches, group_threads, init_workarounds
 
 DEFAULT_TIMEOUT_S = 120
 EXIT_BOUND_S = 60  # the longest a finished rank may take to exit (see ddp_teardown)
@@ -98,6 +98,7 @@ def ddp_teardown():
     """
     if not dist.is_initialized():
         return
+    forget_dtensor_caches()  # stock fully_shard's device meshes hold the group
     gc.collect()  # a wrapper caught in a reference cycle is freed now, not at exit
     # Rank 0 may still be busy (writing a table) while the others are done: let every
     # rank arrive before any tears its connections down.

@@ -10,6 +10,7 @@ lesson's setup and teardown stay short.
 import inspect
 import os
 import platform
+import sys
 
 import torch.distributed as dist
 
@@ -61,6 +62,25 @@ def bind_device_kwargs(backend, device):
     if backend != "nccl" or not takes_device_id:
         return {}
     return {"device_id": device}
+
+
+def forget_dtensor_caches():
+    """Empty DTensor's sharding caches, which hold device meshes and so their process group."""
+    # Stock fully_shard (FSDP2) makes DTensors; the first op on each shape caches its
+    # sharding, whose device mesh holds the group: after destroy_process_group() the
+    # group's gloo threads would live on, as in import_dynamo_first().
+    if "torch.distributed.tensor" not in sys.modules:
+        return  # never imported: nothing cached
+    from torch.distributed.tensor import _collective_utils, _redistribute, _sharding_prop, debug
+    # (private names, so each is looked up, and skipped where a release lacks it)
+    for clear in ("_clear_python_sharding_prop_cache", "_clear_fast_path_sharding_prop_cache"):
+        getattr(debug, clear, lambda: None)()
+    for cached in (getattr(_sharding_prop.ShardingPropagator, "_propagate_tensor_meta_cached",
+                           None), getattr(_redistribute, "_gen_transform_infos", None),
+                   getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh",
+                           None)):
+        getattr(cached, "cache_clear", lambda: None)()
+    getattr(_redistribute, "clear_redistribute_planner_cache", lambda: None)()
 
 
 def group_threads():
