@@ -60,12 +60,15 @@ class GradTable:
         if self.path is None:
             return
         grads = {}
+        whole = _whole_gradients(self.module)
         for name, p in self.module.named_parameters():
             if not p.requires_grad:
                 continue  # frozen: no gradient to compare
             # A trainable parameter with no gradient this step is recorded as NaN, so the
             # table keeps one row per parameter and step and the gap shows up in a diff.
-            g = p.grad if p.grad is not None else torch.full_like(p, float("nan"))
+            g = whole[name]
+            if g is None:
+                g = torch.full(getattr(p, "_fsdp_full_shape", p.shape), float("nan"))
             grads[name] = _to_numpy(g)
         self.rows.append((len(self.rows), epoch, grads))
 
@@ -112,6 +115,16 @@ class GradTable:
         rank = dist.get_rank() if dist.is_initialized() else 0
         self.rows = [(s, e, {n: t.cpu().numpy() for n, t in g.items()})
                      for s, e, g in state["rows_by_rank"][rank]]
+
+
+def _whole_gradients(module):
+    """{name: gradient}; a sharded model's (FSDP) gathered whole first: a collective then."""
+    if any(hasattr(m, "_fsdp_unit") for m in module.modules()):  # minddp's fully_shard
+        from .fsdp import full_gradients
+        return full_gradients(module)
+    # Stock fully_shard's gradients are DTensors; full_tensor() gathers one.
+    return {name: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            for name, p in module.named_parameters()}
 
 
 def _world_size():
