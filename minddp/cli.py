@@ -17,10 +17,11 @@ import tempfile
 from .errors import UsageError
 
 
-def lesson_parser(doc, timeline=False, accumulate=False, restart=False):
+def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=False):
     """An ArgumentParser with the examples' flags; parse it with parse_checked().
 
-    timeline, accumulate, restart: add the flags of the examples that have those features.
+    timeline, accumulate, restart, fsdp: add the flags of the examples with those features
+    (fsdp.py has no --check-replicas: its ranks hold different shards by design).
     """
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,9 +36,13 @@ def lesson_parser(doc, timeline=False, accumulate=False, restart=False):
         parser.add_argument("--timeline", metavar="PATH",
                             help="record backward and each bucket's all-reduce"
                                  " to a Chrome trace at PATH")
-    parser.add_argument("--check-replicas", action="store_true",
-                        help="after every optimizer step, check that all ranks"
-                             " hold the same weights")
+    if not fsdp:
+        parser.add_argument("--check-replicas", action="store_true",
+                            help="after every optimizer step, check that all ranks"
+                                 " hold the same weights")
+    else:
+        parser.add_argument("--fsdp", default="manual", choices=["manual", "stock"],
+                            help="shard with minddp's fully_shard or stock PyTorch's")
     parser.add_argument("--timeout", type=float, default=120, metavar="S",
                         help="seconds a rank waits in a collective for its peers before failing")
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],

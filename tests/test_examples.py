@@ -80,6 +80,16 @@ def test_zero1_example_equals_manual_ddp(launch):
     assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stdout
 
 
+def test_fsdp_example_equals_stock_fully_shard_and_stock_ddp(launch):
+    fsdp = REPO / "examples" / "fsdp.py"
+    (result, manual), (_, stock_fsdp) = launch(fsdp, 2), launch(fsdp, 2, "--fsdp", "stock")
+    (stock_result, stock_ddp) = launch(STOCK, 2)
+    for other in (stock_fsdp, stock_ddp):  # whole gradients, gathered from the shards
+        verdict = diff(manual, other)
+        assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stdout
+    assert losses(result.stdout) == losses(stock_result.stdout)  # the lesson's losses
+
+
 def test_timeline_recording_changes_no_gradient(launch, tmp_path):
     (_, plain) = launch(MANUAL, 2)
     traced = tmp_path / "traced.txt"
