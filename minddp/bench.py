@@ -17,6 +17,7 @@ median over its timed steps, reported as a ratio to stock DDP's median: below 1.
 import argparse
 import copy
 import os
+import platform
 import random
 import statistics
 import tempfile
@@ -221,9 +222,14 @@ def collect_rows(args, work):
     return rows
 
 
+def machine(args):
+    """One line: torch, backend, device, CPUs, what the figures were measured on."""
+    return (f"torch {torch.__version__} | {args.backend} on {args.device} | {os.cpu_count()} CPUs"
+            f" {platform.machine()} | batch {args.batch}")
+
+
 def print_table(args, rows, headers, what="contender"):
-    print(f"torch {torch.__version__} | {args.backend} on {args.device} | batch {args.batch}"
-          f" | {args.rounds} rounds x {args.steps} steps per {what} | {os.cpu_count()} CPUs")
+    print(f"{machine(args)} | {args.rounds} rounds x {args.steps} steps per {what}")
     print(tabulate(rows, headers=headers, tablefmt=args.format, disable_numparse=True))
 
 

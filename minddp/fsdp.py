@@ -36,9 +36,16 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from .broadcast import check_same_model
 from .errors import UsageError
 
-# torch 2.13 names them *_single; older releases *_tensor (the same collectives).
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+def _all_gather(output, input, group):
+    # torch 2.13 calls it all_gather_single; older releases all_gather_into_tensor.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, input, group=group)
+
+
+def _reduce_scatter(output, input, op, group):
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return scatter(output, input, op=op, group=group)
 
 
 @dataclass(frozen=True)

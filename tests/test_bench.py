@@ -5,7 +5,10 @@
 Not a timing test: speed is measured by `python -m minddp.bench`, not asserted here.
 """
 
+import json
 import sys
+
+import pytest
 
 from helpers import run
 
@@ -29,3 +32,36 @@ def test_bench_reports_every_contender_as_a_ratio_to_stock():
     # .grad and buckets: 2 copies of the gradients, 1 with gradient_as_bucket_view.
     assert by["bucketed"]["memory"] == by["stock"]["memory"] == "2.0"
     assert by["bucketed view"]["memory"] == by["stock view"]["memory"] == "1.0"
+
+
+@pytest.fixture(scope="module")
+def fsdp_rows(tmp_path_factory):
+    """One small run of python -m minddp.fsdp_bench at 2 ranks: its rows, unrounded."""
+    path = tmp_path_factory.mktemp("fsdp") / "rows.json"
+    result = run([sys.executable, "-m", "minddp.fsdp_bench", "--sizes", "0.3M", "--world-sizes",
+                  "2", "--rounds", "1", "--warmup", "0", "--json", path], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {r["way"]: r for r in json.load(open(path))["rows"]}
+
+
+def test_fsdp_bench_measures_what_each_zero_stage_keeps_and_sends(fsdp_rows):
+    by = fsdp_rows
+    assert list(by) == ["DDP", "ZeRO-1", "FSDP no reshard", "stock no reshard", "FSDP",
+                        "stock fully_shard"]
+    whole = by["DDP"]["model MB"]  # 0.27M float32 parameters; widths divide by 2: no padding
+    assert by["DDP"]["params"] == by["DDP"]["grads"] == by["DDP"]["unsharded"] == whole
+    assert by["DDP"]["optimizer"] == pytest.approx(2 * whole, rel=1e-4)  # + AdamW's step counts
+    assert by["ZeRO-1"]["optimizer"] == pytest.approx(whole, rel=0.01)  # half of 2 x, per rank
+    for ours, stock in (("FSDP", "stock fully_shard"), ("FSDP no reshard", "stock no reshard")):
+        for column in ("params", "grads", "optimizer", "unsharded", "passed MB"):
+            assert by[ours][column] == by[stock][column], (ours, column)
+        assert by[ours]["params"] == by[ours]["grads"] == whole / 2
+    # ZeRO-3 holds one layer gathered at a time (the largest: 256 x 256 + 256); kept from
+    # forward to backward, every layer is whole at the peak.
+    assert by["FSDP"]["unsharded"] == (256 * 256 + 256) * 4 / 2**20
+    assert by["FSDP no reshard"]["unsharded"] == whole
+    # The ring model: DDP 2 x P (W-1)/W; ZeRO-1 and ZeRO-3 3 x; ZeRO-2-like 2 x.
+    sent = {way: round(r["sent / P"], 2) for way, r in by.items()}
+    assert sent == {"DDP": 2.0, "ZeRO-1": 3.0, "FSDP no reshard": 2.0, "stock no reshard": 2.0,
+                    "FSDP": 3.0, "stock fully_shard": 3.0}
+    assert by["FSDP"]["passed MB"] == {"all_gather": 2 * whole, "reduce_scatter": whole}

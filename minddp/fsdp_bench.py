@@ -1,0 +1,223 @@
+"""What each ZeRO stage keeps per rank, what it sends, and its step time beside stock fully_shard.
+
+    python -m minddp.fsdp_bench                          # 1, 2 and 4 gloo ranks, started here
+    python -m minddp.fsdp_bench --world-sizes 2 --sizes 4M --rounds 10
+
+AdamW on the benchmark's MLPs (bench.py), six ways: DDP (ManualDDP), ZeRO-1 (ManualDDP with
+ShardedOptimizer), FSDP with reshard_after_forward=False (weights kept from forward to
+backward: ZeRO-2-like) and True (ZeRO-3), each as minddp's fully_shard and stock's; every
+Linear layer is a unit. Per rank, the largest over ranks, in MB:
+
+  params      parameter tensors held between steps (whole, or this rank's shards)
+  grads       .grad tensors after backward (DDP's all-reduce buckets not counted)
+  optimizer   AdamW's state (two tensors per parameter, and a step count)
+  unsharded   the peak of whole weights gathered at once, sampled after every gather
+              (the all-gather's own flat buffer, freed at once, is not counted)
+
+"sent / P" is what one rank sends per step under the ring model, in units of P (W-1)/W, P
+the model's bytes: an all_reduce of n bytes sends 2n (W-1)/W, an all_gather (output n), a
+reduce_scatter (input n) and a broadcast n (W-1)/W each; the sizes are those passed to the
+collectives, counted. Step times: medians over rounds in a shuffled order, as ratios to
+stock fully_shard (ZeRO-3) in the same run.
+"""
+
+import contextlib
+import copy
+import functools
+import json
+import random
+import statistics
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard as stock_fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+from .bench import SIZES, collect_rows, common_parser, machine, mlp, print_table, time_steps
+from .ddp import ManualDDP
+from .fsdp import Unit, fully_shard
+from .zero import ShardedOptimizer
+
+WAYS = ["DDP", "ZeRO-1", "FSDP no reshard", "stock no reshard", "FSDP", "stock fully_shard"]
+# The collectives' names (torch 2.13 and older), and per byte passed, bytes a rank sends on a
+# ring, in units of (W-1)/W.
+RING = {"all_reduce": 2, "broadcast": 1, "all_gather_single": 1, "all_gather_into_tensor": 1,
+        "reduce_scatter_single": 1, "reduce_scatter_tensor": 1}
+
+
+def build(way, base):
+    model = copy.deepcopy(base)
+    kwargs = {"lr": 1e-3, "foreach": False}
+    if way in ("DDP", "ZeRO-1"):
+        model = ManualDDP(model)
+        if way == "ZeRO-1":
+            return model, ShardedOptimizer(model.parameters(), torch.optim.AdamW, **kwargs)
+        return model, torch.optim.AdamW(model.parameters(), **kwargs)
+    shard = fully_shard if way in ("FSDP", "FSDP no reshard") else stock_fully_shard
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            shard(layer, reshard_after_forward="no reshard" not in way)
+    shard(model)
+    return model, torch.optim.AdamW(model.parameters(), **kwargs)
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t  # stock's DTensors: this rank's part
+
+
+def held_mb(model, optimizer):
+    inner = getattr(optimizer, "optim", optimizer)  # ShardedOptimizer: this rank's optimizer
+    params = [_local(p) for p in model.parameters()]
+    grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+    state = [_local(t) for s in inner.state.values() for t in s.values() if torch.is_tensor(t)]
+    return [sum(t.numel() * t.element_size() for t in ts) / 2**20 for ts in (params, grads, state)]
+
+
+class Peak:
+    """The most bytes of whole (gathered) weights alive at once, sampled after every gather."""
+
+    def __init__(self):
+        self.tensors, self.bytes = [], 0
+
+    def sample(self):
+        self.bytes = max(self.bytes, sum(t.untyped_storage().nbytes() for t in self.tensors))
+
+
+@contextlib.contextmanager
+def sampling_after_gathers(peak):
+    """Both fully_shards, patched for the run: sample `peak` right after each unshard."""
+    originals = {(Unit, "unshard"): Unit.unshard,
+                 (FSDPParamGroup, "wait_for_unshard"): FSDPParamGroup.wait_for_unshard}
+
+    def sampled(original):
+        @functools.wraps(original)
+        def call(*args, **kwargs):
+            result = original(*args, **kwargs)
+            peak.sample()
+            return result
+        return call
+    for (cls, name), original in originals.items():
+        setattr(cls, name, sampled(original))
+    try:
+        yield
+    finally:
+        for (cls, name), original in originals.items():
+            setattr(cls, name, original)
+
+
+@contextlib.contextmanager
+def counting_collectives(counts):
+    """Add the bytes passed to each collective (its input; all_gather's output) to counts."""
+    originals = {name: getattr(dist, name) for name in RING if hasattr(dist, name)}
+
+    def counted(name, original):
+        def call(*args, **kwargs):
+            given = list(args) + [kwargs[k] for k in ("output", "input") if k in kwargs]
+            # all_reduce, broadcast: the tensor; all_gather: its output; reduce_scatter: its input
+            tensor = given[1] if name.startswith("reduce_scatter") else given[0]
+            counts[name] = counts.get(name, 0) + tensor.numel() * tensor.element_size()
+            return original(*args, **kwargs)
+        return call
+    for name, original in originals.items():
+        setattr(dist, name, counted(name, original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+
+
+def whole_weights(way, model):
+    """The tensors a way computes with: DDP's parameters, or each FSDP's whole weights."""
+    if way in ("DDP", "ZeRO-1"):
+        return list(model.parameters())
+    if way.startswith("FSDP"):
+        return [p.full for m in model.modules() if hasattr(m, "_fsdp_unit")
+                for p in m._fsdp_unit.params]
+    return [fp._unsharded_param for m in model.modules()
+            if hasattr(m, "_get_fsdp_state") and m._get_fsdp_state()._fsdp_param_group
+            for fp in m._get_fsdp_state()._fsdp_param_group.fsdp_params
+            if hasattr(fp, "_unsharded_param")]
+
+
+def fsdp_size(size, args, rank, world_size, device):
+    torch.manual_seed(0)
+    base = mlp(*SIZES[size]).to(device)
+    model_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
+    built = {w: build(w, base) for w in WAYS}
+    g = torch.Generator().manual_seed(rank)
+    batches = [(torch.randn(args.batch, SIZES[size][0], generator=g).to(device),
+                torch.randint(0, 10, (args.batch,), generator=g).to(device))
+               for _ in range(args.steps)]
+    memory, sent = {}, {}
+    for w in WAYS:  # one measured step each (the optimizer state exists after it)
+        peak, counts = Peak(), {}
+        # Two steps first: stock gathers lazily, DDP rebuilds its buckets once.
+        time_steps(*built[w], batches[:1] * 2, device, world_size)
+        peak.tensors = whole_weights(w, built[w][0])
+        with sampling_after_gathers(peak), counting_collectives(counts):
+            time_steps(*built[w], batches[:1], device, world_size)
+        if w in ("DDP", "ZeRO-1"):
+            peak.sample()  # whole all the time
+        memory[w] = held_mb(*built[w]) + [peak.bytes / 2**20]
+        sent[w] = (sum(RING[n] * b for n, b in counts.items()) / model_bytes, counts)
+    for w in WAYS:
+        time_steps(*built[w], batches[:1] * args.warmup, device, world_size)
+    samples = {w: [] for w in WAYS}
+    for r in range(args.rounds):
+        for w in random.Random(r).sample(WAYS, len(WAYS)):
+            times = torch.tensor(time_steps(*built[w], batches, device, world_size))
+            if world_size > 1:
+                dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+            samples[w] += times.tolist()
+    stock = statistics.median(samples["stock fully_shard"])
+    rows = []
+    for w in WAYS:
+        mine = torch.tensor(memory[w])
+        everyone = [torch.zeros(4) for _ in range(world_size)]
+        dist.all_gather(everyone, mine)
+        largest = torch.stack(everyone).max(dim=0).values.tolist()
+        ratio, counts = sent[w]
+        median = statistics.median(samples[w])
+        rows.append({"ranks": world_size, "model": size, "way": w, "params": largest[0],
+                     "grads": largest[1], "optimizer": largest[2], "unsharded": largest[3],
+                     "model MB": model_bytes / 2**20, "sent / P": ratio,
+                     "passed MB": {_short(n): b / 2**20 for n, b in counts.items() if b},
+                     "ms": median * 1e3, "vs stock": median / stock})
+    return rows
+
+
+def _short(name):  # all_gather_single, all_gather_into_tensor -> all_gather
+    return name.replace("_single", "").replace("_into_tensor", "").replace("_tensor", "")
+
+
+HEADERS = ["ranks", "model", "way", "params MB", "grads MB", "optimizer MB", "unsharded MB",
+           "held MB (p+g+o)", "sent / P", "collectives (MB passed)", "median ms/step",
+           "vs stock fully_shard"]
+
+
+def table_row(r):
+    held = r["params"] + r["grads"] + r["optimizer"]
+    return [r["ranks"], r["model"], r["way"], *(f"{r[k]:.1f}" for k in
+                                                ("params", "grads", "optimizer", "unsharded")),
+            f"{held:.1f}", f"{r['sent / P']:.2f}" if r["ranks"] > 1 else "-",
+            " ".join(f"{n} {mb:.1f}" for n, mb in sorted(r["passed MB"].items())) or "-",
+            f"{r['ms']:.2f}", f"{r['vs stock']:.2f}x"]
+
+
+def main():
+    parser = common_parser(__doc__, [1, 2, 4])
+    parser.add_argument("--json", metavar="PATH", help="also write the rows, unrounded, to PATH")
+    args = parser.parse_args()
+    rows = collect_rows(args, fsdp_size)
+    if rows is None:
+        return  # a rank other than 0, under torchrun
+    print_table(args, [table_row(r) for r in rows], HEADERS, what="way")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(args), "rows": rows}, f, indent=1)
+        print(f"rows: {args.json}")
+
+
+if __name__ == "__main__":
+    main()
