@@ -15,7 +15,7 @@ times over. ZeRO-1 (zero.py) shards the optimizer state. FSDP shards the rest to
   reduce     one reduce_scatter sums the unit's gradients over ranks and hands each rank the
              rows of its own block (averaged), all its optimizer step needs.
 
-At most one unit is full at a time (plus its neighbour, when prefetching). The price: each
+At most one unit is full at a time (stock prefetches the next one: two). The price: each
 weight travels twice per step (forward and backward all_gather) besides the reduce_scatter,
 3 x P x (W-1)/W per step where DDP's all_reduce sends 2 x. reshard_after_forward=False keeps
 a unit full from its forward to its backward: one all_gather fewer, more memory (ZeRO-2-like).
@@ -83,6 +83,13 @@ class Unit:
         self.root = None  # the outermost unit, found at the first forward
         owners = _owned_parameters(module)
         check_same_model(module, group, tensors=[(name, p) for name, _, p in owners])
+        dtypes = {mp_policy.param_dtype or p.dtype for _, _, p in owners}
+        if len(dtypes) > 1:  # one flat buffer per unit holds one dtype
+            raise UsageError(f"the {type(module).__name__} given to fully_shard mixes parameter"
+                             f" dtypes {sorted(map(str, dtypes))}", same_on_every_rank=True,
+                             hint="fully_shard the submodules of each dtype as units of their"
+                                  " own, or set mp_policy=MixedPrecisionPolicy(param_dtype=...)")
+        self.device = owners[0][2].device if owners else torch.device("cpu")
         self.params = [self._shard(name, users, param) for name, users, param in owners]
         self.is_unsharded = False
         self._backward_done = True
@@ -104,8 +111,9 @@ class Unit:
         shard = torch.nn.Parameter(block, requires_grad=param.requires_grad)
         shard._fsdp_full_shape = param.shape  # (gradient tables record whole gradients)
         # The full weight the module computes with: same shape, storage freed between uses.
-        full = torch.nn.Parameter(torch.empty(param.shape, dtype=self.mp.param_dtype
-                                              or param.dtype), requires_grad=param.requires_grad)
+        full = torch.nn.Parameter(torch.empty(param.shape, dtype=self.mp.param_dtype or param.dtype,
+                                              device=param.device),
+                                  requires_grad=param.requires_grad)
         full.untyped_storage().resize_(0)
         param._fsdp_replaced_by = shard  # an optimizer still holding `param` is told so
         p = _Param(name, users, shard, full, rows)
@@ -122,10 +130,10 @@ class Unit:
         # One flat buffer for the whole unit, each block padded to `rows` rows: one collective,
         # and every rank's piece the same size (all_gather needs that).
         sizes = [p.rows * p.row_numel for p in self.params]
-        flat = torch.zeros(sum(sizes), dtype=dtype)
+        flat = torch.zeros(sum(sizes), dtype=dtype, device=self.device)
         for p, piece in zip(self.params, flat.split(sizes)):
             piece[:p.shard.numel()].copy_(p.shard.reshape(-1))  # the cast to param_dtype
-        gathered = torch.empty(self.world_size * flat.numel(), dtype=dtype)
+        gathered = torch.empty(self.world_size * flat.numel(), dtype=dtype, device=self.device)
         if self.world_size > 1:
             _all_gather(gathered, flat, group=self.group)
         else:
@@ -208,7 +216,7 @@ class Unit:
                           .view(self.world_size, -1) for p in params], dim=1).to(reduce_dtype)
         for p in params:
             p.full.grad = None  # the full gradient is freed: only the block's rows stay
-        mine = torch.empty(flat.shape[1], dtype=reduce_dtype)
+        mine = torch.empty(flat.shape[1], dtype=reduce_dtype, device=self.device)
         if self.world_size > 1:
             # AVG, as stock asks on fp32 and bf16 (gloo sums, then divides by world_size;
             # DDP instead multiplies by 1/world_size first: at 3 ranks the last bit can differ).

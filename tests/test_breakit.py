@@ -138,3 +138,16 @@ def _check(rank, world_size, where):
 def test_check_replicas(where, expected):
     for message in run_ranks(_check, 2, where):
         assert message.startswith(expected), message
+
+
+def test_fsdp_breaks_show_their_damage():
+    # World size 1 shows both: the freed weights and the storage never freed.
+    result = run([sys.executable, str(REPO / "examples" / "break_fsdp.py"), "--break", "all"],
+                 timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    verdicts = dict(zip(lines[0::2], lines[1::2]))
+    none, gather, free = (verdicts[k] for k in sorted(verdicts, key=lines.index))
+    assert "0.00 MB (unbroken: 0.00 MB; the model: 1.01 MB)" in none and "equal to" in none
+    assert "backward failed" in gather and "storage of size 0" in gather
+    assert "allocated after forward: 1.01 MB" in free and "equal to the unbroken" in free

@@ -24,7 +24,7 @@ import minddp
 from helpers import REPO
 
 COLLECTIVES = {"NaiveDDP", "BucketedDDP", "ManualDDP", "broadcast_parameters", "check_same_model",
-               "ddp_setup", "ddp_teardown", "check_replicas", "save_checkpoint",
+               "fully_shard", "ddp_setup", "ddp_teardown", "check_replicas", "save_checkpoint",
                "all_reduce_accuracy", "ShardedOptimizer"}
 
 

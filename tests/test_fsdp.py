@@ -200,9 +200,12 @@ def _mistakes(rank):
     def differ_across_ranks():
         fully_shard(nn.Linear(6, 7 + rank))
 
+    def mixed_dtypes():
+        fully_shard(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).double()))
+
     for what, fn in [("optimizer_first", optimizer_first), ("twice", twice),
                      ("tied_across_units", tied_across_units),
-                     ("differ_across_ranks", differ_across_ranks)]:
+                     ("differ_across_ranks", differ_across_ranks), ("mixed_dtypes", mixed_dtypes)]:
         caught(what, fn)
     return said
 
@@ -236,3 +239,5 @@ def test_fully_shard_bitwise_equal_to_stock(world_size):
             assert "'1.weight' is shared with an inner fully_shard unit" in said["tied_across_units"]
             assert "rank 1's model differs from rank 0's at parameter #0" \
                    in said["differ_across_ranks"]
+            assert "mixes parameter dtypes ['torch.float32', 'torch.float64']" \
+                   in said["mixed_dtypes"]
