@@ -140,10 +140,11 @@ class Unit:
             gathered = flat
         for p, piece in zip(self.params, gathered.view(self.world_size, -1).split(sizes, dim=1)):
             p.full.untyped_storage().resize_(p.full.numel() * p.full.element_size())
-            # piece: rank r's block in row r; stacked they are the padded weight. `.data`
-            # writes without bumping the version counter: autograd saved `full` in an earlier
-            # forward and must find the same tensor, refilled, in backward.
-            p.full.data.copy_(piece.reshape(-1)[:p.full.numel()].view(p.full.shape))
+            # piece[r] is rank r's block; the weight is the blocks one after another, less
+            # the padding. `.data` writes without bumping the version counter: autograd saved
+            # `full` in an earlier forward and must find the same tensor, refilled, in backward.
+            for r, block in enumerate(p.full.data.view(-1).split(p.rows * p.row_numel)):
+                block.copy_(piece[r, :block.numel()])
             p.show(p.full)
         self.is_unsharded = True
 
@@ -216,13 +217,12 @@ class Unit:
                           .view(self.world_size, -1) for p in params], dim=1).to(reduce_dtype)
         for p in params:
             p.full.grad = None  # the full gradient is freed: only the block's rows stay
-        mine = torch.empty(flat.shape[1], dtype=reduce_dtype, device=self.device)
+        mine = flat.view(-1)  # one rank: its own sum is the average
         if self.world_size > 1:
+            mine = torch.empty(flat.shape[1], dtype=reduce_dtype, device=self.device)
             # AVG, as stock asks on fp32 and bf16 (gloo sums, then divides by world_size;
             # DDP instead multiplies by 1/world_size first: at 3 ranks the last bit can differ).
             _reduce_scatter(mine, flat.view(-1), op=dist.ReduceOp.AVG, group=self.group)
-        else:
-            mine.copy_(flat.view(-1))
         for p, piece in zip(params, mine.split([p.rows * p.row_numel for p in params])):
             grad = piece[:p.shard.numel()].view(p.shard.shape).to(p.shard.dtype)
             p.shard.grad = grad if p.shard.grad is None else p.shard.grad + grad

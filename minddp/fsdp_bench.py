@@ -2,6 +2,7 @@
 
     python -m minddp.fsdp_bench                          # 1, 2 and 4 gloo ranks, started here
     python -m minddp.fsdp_bench --world-sizes 2 --sizes 4M --rounds 10
+    python -m minddp.fsdp_bench --sizes 4M --png runs/zero-memory.png   # the picture
 
 AdamW on the benchmark's MLPs (bench.py), six ways: DDP (ManualDDP), ZeRO-1 (ManualDDP with
 ShardedOptimizer), FSDP with reshard_after_forward=False (weights kept from forward to
@@ -34,8 +35,11 @@ from torch.distributed.fsdp import fully_shard as stock_fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
 from .bench import SIZES, collect_rows, common_parser, machine, mlp, print_table, time_steps
+from .cli import check_output_path
 from .ddp import ManualDDP
+from .errors import exit_on_usage_error
 from .fsdp import Unit, fully_shard
+from .pictures import draw_memory, require_matplotlib
 from .zero import ShardedOptimizer
 
 WAYS = ["DDP", "ZeRO-1", "FSDP no reshard", "stock no reshard", "FSDP", "stock fully_shard"]
@@ -208,7 +212,16 @@ def table_row(r):
 def main():
     parser = common_parser(__doc__, [1, 2, 4])
     parser.add_argument("--json", metavar="PATH", help="also write the rows, unrounded, to PATH")
+    parser.add_argument("--png", metavar="PATH",
+                        help="draw the bytes per rank as stacked bars (matplotlib; the last"
+                             " --sizes model's rows)")
     args = parser.parse_args()
+    with exit_on_usage_error():  # before any rank starts: one line, exit 2
+        if args.png:
+            require_matplotlib()
+        for flag in ("json", "png"):
+            if getattr(args, flag):
+                check_output_path(getattr(args, flag), f"--{flag}")
     rows = collect_rows(args, fsdp_size)
     if rows is None:
         return  # a rank other than 0, under torchrun
@@ -217,6 +230,9 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"machine": machine(args), "rows": rows}, f, indent=1)
         print(f"rows: {args.json}")
+    if args.png:
+        draw_memory([r for r in rows if r["model"] == args.sizes[-1]], args.png, machine(args))
+        print(f"picture: {args.png}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python -m minddp.timeline --size 17M --world-size 2             # naive, bucketed, stock
     python -m minddp.timeline --ddp bucketed --out runs/timeline.json
+    python -m minddp.timeline --size 17M --world-size 2 --png runs/timeline.png
     torchrun --nproc_per_node=2 examples/manual_ddp.py --timeline runs/lesson.json
 
 Buckets exist so that communication runs while backward still computes. Recording (off
@@ -21,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import platform
 import tempfile
 import time
 import weakref
@@ -38,6 +40,7 @@ from .errors import UsageError, exit_on_usage_error
 from .launch import ddp_teardown
 from .naive import NaiveDDP
 from .overlap import COMM, COMPUTE, overlap, text_timeline
+from .pictures import draw_timeline, require_matplotlib
 from .workarounds import import_dynamo_first
 
 
@@ -214,7 +217,7 @@ def _run_rank(rank, world_size, args, store_file, out_file):
                          [overlap(evs, last) for evs in everyone], everyone)
         del model, optimizer
     if rank == 0:
-        torch.save({k: v[:2] for k, v in results.items()}, out_file)
+        torch.save(results, out_file)
     ddp_teardown()
 
 
@@ -241,11 +244,19 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=4, help="steps; the last one is drawn")
     parser.add_argument("--out", metavar="PATH",
                         help="Chrome trace JSON (with --ddp all: PATH-naive.json, ...)")
+    parser.add_argument("--png", metavar="PATH", help="draw the last step to a PNG (matplotlib)")
+    parser.add_argument("--trace", metavar="PATH",
+                        help="draw a recorded trace (--timeline's, --out's) instead of running")
     args = parser.parse_args(argv)
     args.kinds = ["naive", "bucketed", "stock"] if args.ddp == "all" else [args.ddp]
     with exit_on_usage_error():
+        if args.png:
+            require_matplotlib()
+            check_output_path(args.png, "--png")
         if args.out:
             check_output_path(args.out, "--out")
+        if args.trace:
+            return _draw_trace(args)
         if args.steps < 2 or args.world_size < 1:
             raise UsageError("--steps must be 2 or more and --world-size 1 or more",
                              hint="e.g. --steps 4 --world-size 2")
@@ -257,12 +268,59 @@ def main(argv=None):
     print(f"torch {torch.__version__} | {args.size} MLP | {args.world_size} gloo rank(s) |"
           f" {os.cpu_count()} CPUs | = backward computing, B blocked, O optimizer step,"
           f" digits: buckets")
-    for kind, (text, overlaps) in results.items():
-        shares = ", ".join("n/a" if o is None else f"{100 * o:.0f}%" for o in overlaps)
+    panels = []
+    for kind, (text, overlaps, everyone) in results.items():
+        shares = _shares(overlaps)
         print(f"\n{kind}: communication overlapped with backward: {shares} (per rank)")
         if args.world_size == 1:
             print("(world size 1: nothing to communicate, nothing to draw on the comm rows)")
         print(text)  # (with --out, each rank 0 said where its trace went, above)
+        panels.append((f"{kind}: communication overlapped with backward {shares} (per rank)",
+                       everyone, args.steps - 1))
+    if args.png:
+        draw_timeline(panels, args.png, f"{args.size} MLP | {args.world_size} gloo rank(s) |"
+                                        f" {_machine()}")
+        print(f"picture: {args.png}")
+    return 0
+
+
+def _shares(overlaps):
+    return ", ".join("n/a" if o is None else f"{100 * o:.0f}%" for o in overlaps)
+
+
+def _machine():
+    return f"torch {torch.__version__} | {os.cpu_count()} CPUs {platform.machine()}"
+
+
+def read_chrome_trace(path):
+    """Events per rank, as recorded, from a trace write_chrome_trace() wrote."""
+    try:
+        with open(path) as f:
+            trace = json.load(f)["traceEvents"]
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"cannot read {path} as a minddp trace ({type(e).__name__})",
+                         hint="give a file written by --timeline or --out") from None
+    tracks = {0: COMPUTE, 1: COMM}
+    everyone = [[] for _ in range(1 + max(e["pid"] for e in trace))]
+    for e in trace:
+        if e["ph"] != "M":
+            args = dict(e["args"])
+            everyone[e["pid"]].append({"step": args.pop("step"), "track": tracks[e["tid"]],
+                                       "name": e["name"], "ts": e["ts"], "dur": e["dur"],
+                                       "args": args})
+    return everyone
+
+
+def _draw_trace(args):
+    everyone = read_chrome_trace(args.trace)
+    last = max(e["step"] for evs in everyone for e in evs)
+    shares = _shares([overlap(evs, last) for evs in everyone])
+    print(f"{args.trace}: step {last}, communication overlapped with backward: {shares}")
+    print(text_timeline(everyone, last))
+    if args.png:
+        draw_timeline([(f"{os.path.basename(args.trace)}: step {last}, overlapped {shares}",
+                        everyone, last)], args.png, _machine())
+        print(f"picture: {args.png}")
     return 0
 
 

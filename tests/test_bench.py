@@ -39,13 +39,14 @@ def fsdp_rows(tmp_path_factory):
     """One small run of python -m minddp.fsdp_bench at 2 ranks: its rows, unrounded."""
     path = tmp_path_factory.mktemp("fsdp") / "rows.json"
     result = run([sys.executable, "-m", "minddp.fsdp_bench", "--sizes", "0.3M", "--world-sizes",
-                  "2", "--rounds", "1", "--warmup", "0", "--json", path], timeout=120)
+                  "2", "--rounds", "1", "--warmup", "0", "--json", path,
+                  "--png", path.with_suffix(".png")], timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    return {r["way"]: r for r in json.load(open(path))["rows"]}
+    return {r["way"]: r for r in json.load(open(path))["rows"]}, path.with_suffix(".png")
 
 
 def test_fsdp_bench_measures_what_each_zero_stage_keeps_and_sends(fsdp_rows):
-    by = fsdp_rows
+    by = fsdp_rows[0]
     assert list(by) == ["DDP", "ZeRO-1", "FSDP no reshard", "stock no reshard", "FSDP",
                         "stock fully_shard"]
     whole = by["DDP"]["model MB"]  # 0.27M float32 parameters; widths divide by 2: no padding
@@ -65,3 +66,29 @@ def test_fsdp_bench_measures_what_each_zero_stage_keeps_and_sends(fsdp_rows):
     assert sent == {"DDP": 2.0, "ZeRO-1": 3.0, "FSDP no reshard": 2.0, "stock no reshard": 2.0,
                     "FSDP": 3.0, "stock fully_shard": 3.0}
     assert by["FSDP"]["passed MB"] == {"all_gather": 2 * whole, "reduce_scatter": whole}
+
+
+def test_memory_picture_draws_the_measured_bytes(fsdp_rows, tmp_path):
+    import matplotlib.image
+    from minddp.pictures import draw_memory
+    by, png = fsdp_rows
+    assert matplotlib.image.imread(png).shape == (420, 1300, 4)  # the bench drew it, 100 dpi
+    drawn = draw_memory(list(by.values()), tmp_path / "again.png", "test")  # read back
+    for way, row in by.items():
+        bar = drawn[(2, way)]
+        assert [bar["params"], bar["grads"], bar["optimizer"]] == \
+               [row["params"], row["grads"], row["optimizer"]], way
+        # Beyond what a rank holds: FSDP's gathered weights; DDP's and ZeRO-1's are whole anyway.
+        assert bar["gathered"] == (0.0 if way in ("DDP", "ZeRO-1") else row["unsharded"]), way
+
+
+@pytest.mark.parametrize("program", ["minddp.fsdp_bench", "minddp.timeline"])
+def test_png_without_matplotlib_says_what_to_install(program, tmp_path):
+    hide = ("import sys, runpy; sys.modules['matplotlib'] = None;"
+            f" sys.argv = ['{program}', '--png', '{tmp_path / 'x.png'}'];"
+            f" runpy.run_module('{program}', run_name='__main__')")
+    result = run([sys.executable, "-c", hide], timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "error: --png needs matplotlib, which is not installed" in result.stderr
+    assert 'pip install -e ".[plot]"' in result.stderr
+    assert "rank" not in result.stdout + result.stderr  # nothing started

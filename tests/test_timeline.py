@@ -19,12 +19,13 @@ TOTAL_BYTES = 4 * (4 * (1024 * 1024 + 1024) + 1024 * 10 + 10)
 def traced(tmp_path_factory):
     out = tmp_path_factory.mktemp("timeline") / "t.json"
     result = run([sys.executable, "-m", "minddp.timeline", "--size", "4M", "--world-size", "2",
-                  "--steps", "3", "--out", str(out)], timeout=240)
+                  "--steps", "3", "--out", str(out), "--png", str(out.with_suffix(".png"))],
+                 timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "outlived" not in result.stdout  # recording holds no wrapper, so no group, alive
     traces = {kind: json.load(open(str(out).replace(".json", f"-{kind}.json")))["traceEvents"]
               for kind in ("naive", "bucketed", "stock")}
-    return result.stdout, traces
+    return result.stdout, traces, out.with_suffix(".png")
 
 
 def test_trace_has_both_ranks_and_both_tracks(traced):
@@ -100,3 +101,32 @@ def test_world_size_one_works_and_says_so(tmp_path):
     assert "world size 1: nothing to communicate" in result.stdout
     assert "communication overlapped with backward: n/a" in result.stdout
     assert json.load(open(tmp_path / "one.json"))["traceEvents"]
+
+
+def test_the_picture_draws_the_recorded_events(traced):
+    import matplotlib.image
+    from minddp.pictures import draw_timeline
+    from minddp.timeline import read_chrome_trace
+    stdout, traces, png = traced
+    assert f"picture: {png}" in stdout
+    assert matplotlib.image.imread(png).shape == (760, 1000, 4)  # 3 panels of 2 ranks, 100 dpi
+    # Draw the recorded traces again, here, and read the bars back from the figure: each
+    # all-reduce and each span is where the trace puts it (ms from the step's first event).
+    kinds = ["naive", "bucketed", "stock"]
+    panels = [(kind, read_chrome_trace(str(png).replace(".png", f"-{kind}.json")), 2)
+              for kind in kinds]
+    drawn = draw_timeline(panels, png.with_name("again.png"), "test")
+    for i, (kind, everyone, step) in enumerate(panels):
+        t0 = min(e["ts"] for events in everyone for e in events if e["step"] == step)
+        for rank, events in enumerate(everyone):
+            mine = [e for e in events if e["step"] == step]
+            comm = sorted((e["name"], round((e["ts"] - t0) / 1e3, 6), round(e["dur"] / 1e3, 6))
+                          for e in mine if e["track"] == "communication" and e["dur"] > 0)
+            bars = sorted((label, round(x, 6), round(w, 6)) for p, r, track, label, x, w in drawn
+                          if (p, r, track) == (i, rank, "communication"))
+            assert bars == comm and len(comm) >= 2, (kind, rank)
+            grads = [e["ts"] for e in mine if e["name"].startswith("grad ")]
+            backward = [(round(x, 6), round(w, 6)) for p, r, track, label, x, w in drawn
+                        if (p, r, label) == (i, rank, "backward")]
+            start = min(e["ts"] for e in mine if e["name"] == "backward starts")
+            assert backward == [(round((start - t0) / 1e3, 6), round((max(grads) - start) / 1e3, 6))]

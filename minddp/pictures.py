@@ -1,0 +1,186 @@
+"""Pictures: the overlap timeline and the memory each ZeRO stage keeps per rank, as PNG files.
+
+    python -m minddp.timeline --size 17M --world-size 2 --png docs/timeline.png
+    python -m minddp.timeline --trace runs/lesson.json --png runs/lesson.png
+    python -m minddp.fsdp_bench --png docs/zero-memory.png
+
+Both draw measurements, never a formula: the timeline the recorded events of one step,
+the memory bars the bytes fsdp_bench counted on each rank. matplotlib is optional
+(pip install -e ".[plot]"); require_matplotlib() says so in one line when it is missing.
+Each draw function returns what it drew, read back from the figure, so that a test can
+compare the picture with the measurements.
+"""
+
+from .errors import UsageError
+from .overlap import COMM, COMPUTE
+
+COLORS = {"backward": "#4c72b0", "blocked": "#c44e52", "optimizer step": "#8172b2",
+          "all-reduce": "#55a868", "params": "#4c72b0", "grads": "#dd8452",
+          "optimizer": "#55a868", "gathered": "#c44e52"}
+
+
+def require_matplotlib(flag="--png"):
+    """Raise UsageError (exit 2, one line) unless matplotlib can be imported."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError(f"{flag} needs matplotlib, which is not installed",
+                         hint='pip install -e ".[plot]"  (or: pip install matplotlib)') from None
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")  # files only: no window, no display needed
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def step_spans(events, step):
+    """One rank's step as (track, label, start us, end us) bars: what the timeline draws."""
+    mine = [e for e in events if e["step"] == step]
+    spans = []
+    starts = [e["ts"] for e in mine if e["name"] == "backward starts"]
+    grads = [e["ts"] for e in mine if e["name"].startswith("grad ")]
+    if starts and grads:
+        spans.append((COMPUTE, "backward", min(starts), max(grads)))
+    for e in mine:
+        if e["dur"] <= 0:
+            continue
+        if e["args"].get("blocked"):
+            spans.append((COMPUTE, "blocked", e["ts"], e["ts"] + e["dur"]))
+        elif e["name"] == "optimizer step":
+            spans.append((COMPUTE, "optimizer step", e["ts"], e["ts"] + e["dur"]))
+        elif e["track"] == COMM:
+            spans.append((COMM, e["name"], e["ts"], e["ts"] + e["dur"]))
+    return spans
+
+
+def draw_timeline(panels, path, machine):
+    """panels: [(title, everyone's events, step)], drawn one above the other into PNG `path`.
+
+    Per rank two rows, compute (backward, blocked, optimizer step) and communication (each
+    all-reduce from launch to completion, labelled); time in ms from the step's first event.
+    The ranks share one clock (time.perf_counter on one machine).
+    Returns [(panel, rank, track, label, start ms, length ms)] read back from the figure.
+    """
+    plt = _pyplot()
+    world = max(len(everyone) for _, everyone, _ in panels)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 1.0 + 1.1 * world * len(panels)),
+                             squeeze=False)
+    drawn = []
+    for i, (ax, (title, everyone, step)) in enumerate(zip(axes[:, 0], panels)):
+        spans = {r: step_spans(evs, step) for r, evs in enumerate(everyone)}
+        # One clock for all ranks of a machine: time 0 is the step's first event on any rank.
+        t0 = min((e["ts"] for evs in everyone for e in evs if e["step"] == step), default=0.0)
+        rows, labels = {}, []
+        for rank in range(len(everyone)):
+            for track in (COMPUTE, COMM):
+                rows[(rank, track)] = len(labels)
+                labels.append(f"rank {rank} {'compute' if track == COMPUTE else 'comm'}")
+        for rank, ss in spans.items():
+            for track, label, a, b in ss:
+                y = len(labels) - 1 - rows[(rank, track)]
+                color = COLORS["all-reduce"] if track == COMM else COLORS[label]
+                bar = ax.broken_barh([((a - t0) / 1e3, (b - a) / 1e3)], (y - 0.4, 0.8),
+                                     facecolors=color, edgecolor="white", linewidth=0.3)
+                bar.set_gid(f"{i}|{rank}|{track}|{label}")  # read back below
+                if track == COMM:
+                    ax.text((a - t0) / 1e3, y, label.replace("bucket ", "b"), va="center",
+                            fontsize=6, clip_on=True)
+        for bar in ax.collections:
+            if bar.get_gid():
+                panel, rank, track, label = bar.get_gid().split("|")
+                xs = bar.get_paths()[0].vertices[:, 0]
+                drawn.append((int(panel), int(rank), track, label, xs.min(), xs.max() - xs.min()))
+        ax.set_yticks(range(len(labels)), labels[::-1], fontsize=7)
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.set_xlabel("ms from the step's first event (any rank)", fontsize=7)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_xlim(left=0)
+    fig.text(0.99, 0.005, machine, ha="right", va="bottom", fontsize=6, color="gray")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k])
+               for k in ("backward", "blocked", "optimizer step", "all-reduce")]
+    fig.legend(handles, ["backward computing", "blocked (waiting)", "optimizer step",
+                         "all-reduce (launch to completion)"], loc="upper right", fontsize=7,
+               ncol=4, frameon=False)
+    fig.tight_layout(rect=(0, 0.02, 1, 0.97))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return drawn
+
+
+SEGMENTS = ["params", "grads", "optimizer", "gathered"]
+LABELS = {"FSDP no reshard": "ZeRO-2-like\nminddp", "stock no reshard": "ZeRO-2-like\nstock",
+          "FSDP": "ZeRO-3\nminddp", "stock fully_shard": "ZeRO-3\nstock"}
+
+
+def memory_bars(rows):
+    """{(ranks, way): {segment: MB}} from fsdp_bench's rows: what the memory picture stacks.
+
+    'gathered' is the peak of whole weights beyond what the rank holds anyway: for DDP and
+    ZeRO-1 the weights are whole all the time (0 beyond params); for FSDP the gathered units.
+    """
+    bars = {}
+    for r in rows:
+        gathered = 0.0 if r["way"] in ("DDP", "ZeRO-1") else r["unsharded"]
+        bars[(r["ranks"], r["way"])] = {"params": r["params"], "grads": r["grads"],
+                                        "optimizer": r["optimizer"], "gathered": gathered}
+    return bars
+
+
+def draw_memory(rows, path, machine):
+    """Stacked bars per world size and way, one model; the ideal (P+G+O)/W as a mark.
+
+    Returns {(ranks, way): {segment: height}} read back from the bars in the figure.
+    """
+    plt = _pyplot()
+    bars = memory_bars(rows)
+    sizes = sorted({r["ranks"] for r in rows})
+    ways = list(dict.fromkeys(r["way"] for r in rows))
+    fig, ax = plt.subplots(figsize=(13, 4.2))
+    x, ticks, labels, keys = 0.0, [], [], []
+    for w_i, world in enumerate(sizes):
+        first = x
+        for way in ways:
+            if (world, way) not in bars:
+                continue
+            bottom = 0.0
+            for segment in SEGMENTS:
+                height = bars[(world, way)][segment]
+                rect = ax.bar(x, height, bottom=bottom, width=0.8, color=COLORS[segment],
+                              label=segment if not keys else None)
+                rect.patches[0].set_gid(f"{world}|{way}|{segment}")
+                bottom += height
+            keys.append((world, way))
+            ticks.append(x)
+            labels.append(LABELS.get(way, way))
+            x += 1
+        ddp = bars.get((world, "DDP"))
+        if ddp:  # everything DDP holds, split evenly: what perfect sharding would leave
+            ideal = (ddp["params"] + ddp["grads"] + ddp["optimizer"]) / world
+            ax.hlines(ideal, first - 0.45, x - 0.55, colors="black", linestyles="dashed",
+                      linewidth=1)
+            ax.text(x - 0.5, ideal, " (P+G+O)/W", va="bottom", fontsize=7)
+        ax.text((first + x - 1) / 2, -0.2, f"{world} rank{'s' if world > 1 else ''}",
+                ha="center", va="top", transform=ax.get_xaxis_transform(), fontsize=9)
+        x += 0.8 if w_i < len(sizes) - 1 else 0
+    ax.set_xticks(ticks, labels, fontsize=6.5)
+    ax.set_xlim(-0.6, x + 0.6)  # room for the last mark's label
+    ax.set_ylabel("MB per rank (largest rank)")
+    model = rows[0]["model"]
+    ax.set_title(f"What each rank holds: {model} MLP, AdamW (minddp's and stock's side by side)",
+                 fontsize=10, loc="left")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[s]) for s in SEGMENTS]
+    ax.legend(handles, ["parameters", "gradients", "optimizer state",
+                        "whole weights gathered (peak)"], fontsize=7, loc="upper right")
+    fig.text(0.99, 0.005, machine, ha="right", va="bottom", fontsize=6, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.subplots_adjust(bottom=0.25)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    drawn = {}
+    for patch in ax.patches:
+        if patch.get_gid():
+            world, way, segment = patch.get_gid().split("|")
+            drawn.setdefault((int(world), way), {})[segment] = patch.get_height()
+    return drawn
