@@ -130,14 +130,13 @@ class Unit:
         # One flat buffer for the whole unit, each block padded to `rows` rows: one collective,
         # and every rank's piece the same size (all_gather needs that).
         sizes = [p.rows * p.row_numel for p in self.params]
-        flat = torch.zeros(sum(sizes), dtype=dtype, device=self.device)
+        gathered = torch.empty(self.world_size * sum(sizes), dtype=dtype, device=self.device)
+        flat = gathered.view(self.world_size, -1)[self.rank]  # our slot: gathered in place
         for p, piece in zip(self.params, flat.split(sizes)):
             piece[:p.shard.numel()].copy_(p.shard.reshape(-1))  # the cast to param_dtype
-        gathered = torch.empty(self.world_size * flat.numel(), dtype=dtype, device=self.device)
+            piece[p.shard.numel():].zero_()  # the padding rows
         if self.world_size > 1:
             _all_gather(gathered, flat, group=self.group)
-        else:
-            gathered = flat
         for p, piece in zip(self.params, gathered.view(self.world_size, -1).split(sizes, dim=1)):
             p.full.untyped_storage().resize_(p.full.numel() * p.full.element_size())
             # piece[r] is rank r's block; the weight is the blocks one after another, less

@@ -17,6 +17,7 @@ from .overlap import COMM, COMPUTE
 COLORS = {"backward": "#4c72b0", "blocked": "#c44e52", "optimizer step": "#8172b2",
           "all-reduce": "#55a868", "params": "#4c72b0", "grads": "#dd8452",
           "optimizer": "#55a868", "gathered": "#c44e52"}
+COMM_SHADES = ["#55a868", "#2f7d45"]  # neighbouring all-reduces told apart
 
 
 def require_matplotlib(flag="--png"):
@@ -78,14 +79,21 @@ def draw_timeline(panels, path, machine):
                 rows[(rank, track)] = len(labels)
                 labels.append(f"rank {rank} {'compute' if track == COMPUTE else 'comm'}")
         for rank, ss in spans.items():
-            for track, label, a, b in ss:
+            comm = [span for span in ss if span[0] == COMM]
+            lanes = _lanes(comm)
+            for span in ss:
+                track, label, a, b = span
                 y = len(labels) - 1 - rows[(rank, track)]
-                color = COLORS["all-reduce"] if track == COMM else COLORS[label]
-                bar = ax.broken_barh([((a - t0) / 1e3, (b - a) / 1e3)], (y - 0.4, 0.8),
+                lane, count = lanes.get(span, (0, 1))
+                height = 0.8 / count  # all-reduces in flight together share the row
+                bottom = y - 0.4 + lane * height
+                color = COMM_SHADES[comm.index(span) % 2] if track == COMM else COLORS[label]
+                bar = ax.broken_barh([((a - t0) / 1e3, (b - a) / 1e3)], (bottom, height),
                                      facecolors=color, edgecolor="white", linewidth=0.3)
                 bar.set_gid(f"{i}|{rank}|{track}|{label}")  # read back below
                 if track == COMM:
-                    ax.text((a - t0) / 1e3, y, label.replace("bucket ", "b"), va="center",
+                    short = label.replace("bucket ", "b").replace("param ", "p")
+                    ax.text((a - t0) / 1e3, bottom + height / 2, short, va="center",
                             fontsize=6, clip_on=True)
         for bar in ax.collections:
             if bar.get_gid():
@@ -107,6 +115,20 @@ def draw_timeline(panels, path, machine):
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return drawn
+
+
+def _lanes(comm):
+    """{span: (lane, lanes)}: all-reduces in flight together stacked in the row, none hidden."""
+    ends, lane_of = [], {}
+    for span in sorted(comm, key=lambda span: span[2]):
+        free = [n for n, end in enumerate(ends) if end <= span[2]]
+        lane = free[0] if free else len(ends)
+        if lane == len(ends):
+            ends.append(span[3])
+        else:
+            ends[lane] = span[3]
+        lane_of[span] = lane
+    return {span: (lane, len(ends)) for span, lane in lane_of.items()}
 
 
 SEGMENTS = ["params", "grads", "optimizer", "gathered"]
