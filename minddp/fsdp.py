@@ -60,7 +60,7 @@ class MixedPrecisionPolicy:
 def fully_shard(module, *, reshard_after_forward=None, mp_policy=None, process_group=None):
     """Shard `module`'s parameters (those not in an inner unit) over the ranks; returns module.
 
-    Collective: call on every rank, inner blocks first, the root last, then build the optimizer.
+    Collective: call on every rank. Inner blocks first, the root last; then build the optimizer.
     reshard_after_forward: free the full weights after forward (default: yes, but the root's
     are kept, as stock keeps them: its backward starts at once and would gather them again).
     """
