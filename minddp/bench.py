@@ -116,6 +116,21 @@ def time_steps(model, optimizer, batches, device, world_size):
     return times
 
 
+def timed_rounds(contenders, batches, rounds, device, world_size):
+    """{name: seconds per step} over `rounds` rounds; contenders: {name: (model, optimizer)}."""
+    samples = {c: [] for c in contenders}
+    for r in range(rounds):
+        # A fresh order each round (the same on every rank: same seed): each contender
+        # runs first, last, and after each of the others alike. A fixed rotation would
+        # always put the same contender after the naive one and its ten small collectives.
+        for c in random.Random(r).sample(list(contenders), len(contenders)):
+            times = torch.tensor(time_steps(*contenders[c], batches, device, world_size))
+            if world_size > 1:
+                dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+            samples[c] += times.tolist()
+    return samples
+
+
 def bench_size(size, args, rank, world_size, device):
     width, layers = SIZES[size]
     torch.manual_seed(0)
@@ -129,17 +144,8 @@ def bench_size(size, args, rank, world_size, device):
                for _ in range(args.steps)]
     for c in contenders:  # warm-up: allocations, and the buckets' rebuild after step one
         time_steps(models[c], optimizers[c], batches[:args.warmup], device, world_size)
-    samples = {c: [] for c in contenders}
-    for r in range(args.rounds):
-        # A fresh order each round (the same on every rank: same seed): each contender
-        # runs first, last, and after each of the others alike. A fixed rotation would
-        # always put the same contender after the naive one and its ten small collectives.
-        order = random.Random(r).sample(contenders, len(contenders))
-        for c in order:
-            times = torch.tensor(time_steps(models[c], optimizers[c], batches, device, world_size))
-            if world_size > 1:
-                dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-            samples[c] += times.tolist()
+    samples = timed_rounds({c: (models[c], optimizers[c]) for c in contenders}, batches,
+                           args.rounds, device, world_size)
     params = sum(p.numel() for p in base.parameters())
     grad_mb = sum(p.numel() * p.element_size() for p in base.parameters()) / 2**20
     stock = statistics.median(samples["stock"])

@@ -26,7 +26,6 @@ import contextlib
 import copy
 import functools
 import json
-import random
 import statistics
 
 import torch
@@ -34,7 +33,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard as stock_fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
-from .bench import SIZES, collect_rows, common_parser, machine, mlp, print_table, time_steps
+from .bench import (SIZES, collect_rows, common_parser, machine, mlp, print_table, time_steps,
+                    timed_rounds)
 from .cli import check_output_path
 from .ddp import ManualDDP
 from .errors import exit_on_usage_error
@@ -167,13 +167,7 @@ def fsdp_size(size, args, rank, world_size, device):
         sent[w] = (sum(RING[n] * b for n, b in counts.items()) / model_bytes, counts)
     for w in WAYS:
         time_steps(*built[w], batches[:1] * args.warmup, device, world_size)
-    samples = {w: [] for w in WAYS}
-    for r in range(args.rounds):
-        for w in random.Random(r).sample(WAYS, len(WAYS)):
-            times = torch.tensor(time_steps(*built[w], batches, device, world_size))
-            if world_size > 1:
-                dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-            samples[w] += times.tolist()
+    samples = timed_rounds(built, batches, args.rounds, device, world_size)
     stock = statistics.median(samples["stock fully_shard"])
     rows = []
     for w in WAYS:

@@ -12,14 +12,13 @@ Step times are medians over rounds in a shuffled order, as ratios to the full op
 """
 
 import copy
-import random
 import statistics
 
 import torch
 import torch.distributed as dist
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from .bench import SIZES, collect_rows, common_parser, mlp, print_table, time_steps
+from .bench import SIZES, collect_rows, common_parser, mlp, print_table, time_steps, timed_rounds
 from .ddp import ManualDDP
 from .zero import ShardedOptimizer
 
@@ -52,13 +51,8 @@ def zero_size(size, args, rank, world_size, device):
                for _ in range(args.steps)]
     for w in WAYS:  # warm-up: the optimizer state is created at the first step
         time_steps(models[w], optimizers[w], batches[:1] * args.warmup, device, world_size)
-    samples = {w: [] for w in WAYS}
-    for r in range(args.rounds):
-        for w in random.Random(r).sample(WAYS, len(WAYS)):
-            times = torch.tensor(time_steps(models[w], optimizers[w], batches, device, world_size))
-            if world_size > 1:
-                dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-            samples[w] += times.tolist()
+    samples = timed_rounds({w: (models[w], optimizers[w]) for w in WAYS}, batches, args.rounds,
+                           device, world_size)
     full = statistics.median(samples["full AdamW"])
     rows = []
     for w in WAYS:
