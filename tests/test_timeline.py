@@ -130,3 +130,15 @@ def test_the_picture_draws_the_recorded_events(traced):
                         if (p, r, label) == (i, rank, "backward")]
             start = min(e["ts"] for e in mine if e["name"] == "backward starts")
             assert backward == [(round((start - t0) / 1e3, 6), round((max(grads) - start) / 1e3, 6))]
+
+
+def test_a_recorded_trace_is_drawn_without_running(traced, tmp_path):
+    _, _, png = traced
+    trace = str(png).replace(".png", "-bucketed.json")
+    result = run([sys.executable, "-m", "minddp.timeline", "--trace", trace,
+                  "--png", str(tmp_path / "b.png")], timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"picture: {tmp_path / 'b.png'}" in result.stdout and "step 2" in result.stdout
+    assert "rank 1 comm" in result.stdout  # the text timeline of the same step
+    bad = run([sys.executable, "-m", "minddp.timeline", "--trace", str(png)], timeout=60)
+    assert bad.returncode == 2 and "cannot read" in bad.stderr and "HINT" in bad.stderr
