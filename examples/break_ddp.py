@@ -2,14 +2,17 @@
 
     torchrun --nproc_per_node=2 examples/break_ddp.py --break average
     torchrun --nproc_per_node=2 examples/break_ddp.py --break all     # each break in turn
+    torchrun --nproc_per_node=2 examples/break_ddp.py --break all --grad-table runs/b.txt
 
 The DDP here is NaiveDDP's three moves written inline (broadcast, divide, all_reduce), each
 behind a switch so that one can be left out; minddp's classes stay unbroken. After every
 optimizer step minddp.check_replicas compares the ranks' weights bit for bit. The last
-line of each break is its verdict. docs/break-it.md shows each output and says why.
+line of each break is its verdict. docs/break-it.md shows each output and says why. With
+--break all, --grad-table PATH writes one table per break (runs/b-none.txt, runs/b-divide.txt...).
 """
 
 import collections
+import os
 
 import torch
 import torch.distributed as dist
@@ -42,7 +45,7 @@ def train(env, args, broken):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     if broken != "broadcast":
         broadcast_parameters(model)  # move 1: every rank starts from rank 0's weights
-    grad_table = GradTable(model, args.grad_table)
+    grad_table = GradTable(model, table_path(args, broken))
     differ_at, factors, orders, step = replicas_differ(model, 0, None), [], [], 0
     for epoch in range(args.epochs):
         if sampler is not None and broken != "set_epoch":
@@ -69,6 +72,14 @@ def train(env, args, broken):
     everyone = [None] * env.world_size
     dist.all_gather_object(everyone, orders)  # each rank's example order, per epoch
     return step, differ_at, factors, everyone
+
+
+def table_path(args, broken):
+    """--grad-table PATH; with --break all, one table per break: runs/t.txt -> runs/t-divide.txt."""
+    if args.grad_table is None or args.broken != "all":
+        return args.grad_table
+    root, ext = os.path.splitext(args.grad_table)
+    return f"{root}-{broken}{ext}"
 
 
 def replicas_differ(model, step, differ_at):
@@ -121,10 +132,6 @@ if __name__ == "__main__":
         parser.add_argument("--break", dest="broken", default="all", metavar="NAME",
                             help="one of: all, " + ", ".join(BREAKS))
         args = parse_checked(parser)
-        if args.grad_table and args.broken == "all":
-            raise UsageError("--grad-table records one break: name it with --break NAME",
-                             hint="--break divide --grad-table runs/divide.txt",
-                             same_on_every_rank=True)
         if args.broken not in ["all", *BREAKS]:
             names = ", ".join(BREAKS)
             raise UsageError(f"unknown --break {args.broken!r}: choose one of all, {names}",

@@ -17,10 +17,17 @@ STOCK = REPO / "examples" / "stock_ddp.py"
 
 
 @pytest.fixture(scope="module")
-def verdicts():
-    result = torchrun(2, BREAK, "--break", "all")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return dict(re.findall(r"^verdict: (\w+): (.*)$", result.stdout, re.M))
+def verdicts(breaks):
+    return breaks[0]
+
+
+@pytest.fixture(scope="module")
+def breaks(launch):
+    """One run of every break at 2 processes: its verdicts and one gradient table per break."""
+    result, table = launch(BREAK, 2, "--break", "all")
+    verdicts = dict(re.findall(r"^verdict: (\w+): (.*)$", result.stdout, re.M))
+    stem = table.with_suffix("")
+    return verdicts, {broken: f"{stem}-{broken}.txt" for broken in verdicts}
 
 
 def test_none_keeps_replicas_identical(verdicts):
@@ -55,15 +62,8 @@ def test_shard_sees_every_example_world_size_times(verdicts):
 
 
 @pytest.fixture(scope="module")
-def tables(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("break-tables")
-    paths = {"stock": tmp / "stock.txt"}
-    assert torchrun(2, STOCK, "--grad-table", paths["stock"]).returncode == 0
-    for broken in ("none", "divide", "average"):
-        paths[broken] = tmp / f"{broken}.txt"
-        result = torchrun(2, BREAK, "--break", broken, "--grad-table", paths[broken])
-        assert result.returncode == 0, result.stderr[-3000:]
-    return paths
+def tables(breaks, launch):
+    return {**breaks[1], "stock": launch(STOCK, 2)[1]}
 
 
 def diff(a, b):

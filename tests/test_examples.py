@@ -18,22 +18,6 @@ LESSON = REPO / "tests" / "reference" / "lesson_ddp_script.py"
 STEP_LINE = re.compile(r"\[(?:GPU|rank)(\d+)\] Epoch: (\d+)/\d+ \| Batchsize (\d+) \| Train/Val Loss: ([0-9.]+)")
 
 
-@pytest.fixture(scope="module")
-def launch(tmp_path_factory):
-    """launch(script, nproc, *args) -> (result, table path); each distinct run happens once."""
-    cache, tmp = {}, tmp_path_factory.mktemp("runs")
-
-    def _launch(script, nproc, *args):
-        key = (script.name, nproc, args)
-        if key not in cache:
-            table = tmp / f"{script.stem}-{nproc}-{len(cache)}.txt"
-            result = torchrun(nproc, script, *args, "--grad-table", table)
-            assert result.returncode == 0, result.stdout + result.stderr
-            cache[key] = (result, table)
-        return cache[key]
-    return _launch
-
-
 def losses(output):
     """{rank: [loss strings in step order]} from the step lines (ranks' lines may interleave)."""
     by_rank = {}

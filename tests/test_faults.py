@@ -127,11 +127,8 @@ def _two_agents(rendezvous, table, timeout=90):
 
 
 @pytest.fixture(scope="module")
-def one_agent_table(tmp_path_factory):
-    table = tmp_path_factory.mktemp("one") / "one.txt"
-    one = torchrun(2, MANUAL, "--grad-table", table)
-    assert one.returncode == 0, one.stderr
-    return table
+def one_agent_table(launch):
+    return launch(MANUAL, 2)[1]  # the same run test_examples.py compares with stock's
 
 
 @pytest.mark.parametrize("how", ["static", "c10d"])

@@ -1,0 +1,24 @@
+"""Fixtures shared by test files: one torchrun run serves every test that needs its result.
+
+    pytest tests/test_examples.py tests/test_breakit.py
+"""
+
+import pytest
+
+from helpers import torchrun
+
+
+@pytest.fixture(scope="session")
+def launch(tmp_path_factory):
+    """launch(script, nproc, *args) -> (result, table path); each distinct run happens once."""
+    cache, tmp = {}, tmp_path_factory.mktemp("runs")
+
+    def _launch(script, nproc, *args):
+        key = (script.name, nproc, args)
+        if key not in cache:
+            table = tmp / f"{script.stem}-{nproc}-{len(cache)}.txt"
+            result = torchrun(nproc, script, *args, "--grad-table", table)
+            assert result.returncode == 0, result.stdout + result.stderr
+            cache[key] = (result, table)
+        return cache[key]
+    return _launch
