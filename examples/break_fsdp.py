@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from minddp import ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0
 from minddp.bench import mlp
-from minddp.fsdp import Unit, full_state_dict, fully_shard
+from minddp.fsdp import fully_shard
+from minddp.fsdp_state import full_state_dict
 
 BREAKS = {
     "none": "everything in place",

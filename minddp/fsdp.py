@@ -50,7 +50,7 @@ def _reduce_scatter(output, input, op, group):
 
 @dataclass(frozen=True)
 class MixedPrecisionPolicy:
-    """Compute in param_dtype (gathered in it), reduce gradients in reduce_dtype (stock's fields)."""
+    """Compute in param_dtype (gathered in it), reduce gradients in reduce_dtype (stock's names)."""
     param_dtype: torch.dtype = None
     reduce_dtype: torch.dtype = None
     output_dtype: torch.dtype = None
@@ -235,68 +235,8 @@ class Unit:
                 unit.reshard_after_forward = unit is not self
 
 
-# -- gather: whole tensors for saving, loading and inspecting --------------------------------
-@torch.no_grad()
-def full_state_dict(module):
-    """The state_dict with every shard gathered into its whole parameter (as before sharding).
-
-    Collective: call on every rank. Every rank gets the whole dict; save it on rank 0.
-    """
-    return {name: _gather(unit, p, p.shard) if p else t
-            for name, t, unit, p in _entries(module)}
-
-
-@torch.no_grad()
-def load_full_state_dict(module, state_dict):
-    """Load a whole state_dict (full_state_dict's, or the unsharded model's): each rank keeps
-    its rows of every sharded parameter."""
-    local = {}
-    for name, t, unit, p in _entries(module):
-        value = state_dict[name]
-        if p:
-            start = min(unit.rank * p.rows, value.shape[0])
-            value = value[start:start + p.rows]
-        local[name] = value
-    module.load_state_dict(local)
-
-
-@torch.no_grad()
-def full_gradients(module):
-    """{name: whole gradient or None} for every parameter (gradient tables compare these).
-
-    Collective: call on every rank.
-    """
-    return {name: _gather(unit, p, p.shard.grad) if p and p.shard.grad is not None
-            else (None if p else t.grad)
-            for name, t, unit, p in _entries(module, params_only=True)}
-
-
-def _entries(module, params_only=False):
-    """(name, tensor, unit, _Param or None) for module's state_dict entries, shards resharded."""
-    shards = {}
-    for unit in _units(module):
-        unit.reshard()  # a unit kept unsharded (the root, after forward) shows its shards again
-        shards.update({id(p.shard): (unit, p) for p in unit.params})
-    if params_only:
-        items = module.named_parameters(remove_duplicate=False)
-    else:
-        items = module.state_dict(keep_vars=True).items()
-    return [(name, t, *shards.get(id(t), (None, None))) for name, t in items]
-
-
 def _units(module):
     return [m._fsdp_unit for m in module.modules() if hasattr(m, "_fsdp_unit")]
-
-
-def _gather(unit, p, shard):
-    """All-gather one parameter's blocks (or its gradient's) into the whole tensor."""
-    block = _padded_rows(shard.detach(), p.rows)
-    whole = block.new_empty(unit.world_size * p.rows, *block.shape[1:])
-    if unit.world_size > 1:
-        _all_gather(whole, block, group=unit.group)
-    else:
-        whole.copy_(block)
-    return whole[:p.full.shape[0]]
 
 
 @dataclass
@@ -388,13 +328,7 @@ def _padded_rows(t, rows):
 
 
 def _tensors(obj):
-    if torch.is_tensor(obj):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _tensors(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _tensors(o)]
-    return []
+    return [t for t in torch.utils._pytree.tree_leaves(obj) if torch.is_tensor(t)]
 
 
 def _notify_when_done(unit, inputs):

@@ -120,7 +120,7 @@ class GradTable:
 def _whole_gradients(module):
     """{name: gradient}; a sharded model's (FSDP) gathered whole first: a collective then."""
     if any(hasattr(m, "_fsdp_unit") for m in module.modules()):  # minddp's fully_shard
-        from .fsdp import full_gradients
+        from .fsdp_state import full_gradients
         return full_gradients(module)
     # Stock fully_shard's gradients are DTensors; full_tensor() gathers one.
     return {name: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad

@@ -19,8 +19,8 @@ from torch.distributed.fsdp import fully_shard as stock_fully_shard
 
 from helpers import run_ranks
 from minddp import ManualDDP, UsageError
-from minddp.fsdp import (MixedPrecisionPolicy, full_gradients, full_state_dict, fully_shard,
-                         load_full_state_dict)
+from minddp.fsdp import MixedPrecisionPolicy, fully_shard
+from minddp.fsdp_state import full_gradients, full_state_dict, load_full_state_dict
 
 
 class Block(nn.Module):
