@@ -11,6 +11,36 @@ line of each break is its verdict. docs/break-it.md shows each output and says w
 --break all, --grad-table PATH writes one table per break (runs/b-none.txt, runs/b-divide.txt...).
 """
 
+from minddp import UsageError
+from minddp.run.cli import lesson_parser, parse_checked
+from minddp.run.errors import exit_on_usage_error
+
+BREAKS = {
+    "none": "everything in place",
+    "broadcast": "no initial broadcast, and each rank seeded differently",
+    "average": "gradients not all-reduced: each rank keeps its own",
+    "divide": "gradients summed over ranks, not divided by the world size",
+    "set_epoch": "sampler.set_epoch(epoch) never called",
+    "shard": "no shard sampler: every rank iterates over the whole dataset",
+}
+
+
+def parse():
+    parser = lesson_parser(__doc__)
+    parser.add_argument("--break", dest="broken", default="all", metavar="NAME",
+                        help="one of: all, " + ", ".join(BREAKS))
+    args = parse_checked(parser)
+    if args.broken not in ["all", *BREAKS]:
+        with exit_on_usage_error():
+            raise UsageError(f"unknown --break {args.broken!r}: choose one of all,"
+                             f" {', '.join(BREAKS)}", same_on_every_rank=True,
+                             hint="torchrun --nproc_per_node=2 examples/break_ddp.py --break none")
+    return args
+
+
+if __name__ == "__main__":  # the flags first, before torch loads: a typo costs a moment
+    args = parse()
+
 import collections
 import os
 
@@ -22,16 +52,7 @@ from torch.utils.data import DataLoader
 from minddp import (GradTable, NeuralNetwork, ReplicaError, ShardSampler, UsageError,
                     broadcast_parameters, check_replicas, ddp_setup, ddp_teardown,
                     exit_on_failure, exit_on_usage_error, print0, toy_datasets)
-from minddp.cli import lesson_parser, parse_checked
 
-BREAKS = {
-    "none": "everything in place",
-    "broadcast": "no initial broadcast, and each rank seeded differently",
-    "average": "gradients not all-reduced: each rank keeps its own",
-    "divide": "gradients summed over ranks, not divided by the world size",
-    "set_epoch": "sampler.set_epoch(epoch) never called",
-    "shard": "no shard sampler: every rank iterates over the whole dataset",
-}
 
 
 def train(env, args, broken):
@@ -128,15 +149,6 @@ def main(env, args):
 
 if __name__ == "__main__":
     with exit_on_failure(), exit_on_usage_error():
-        parser = lesson_parser(__doc__)
-        parser.add_argument("--break", dest="broken", default="all", metavar="NAME",
-                            help="one of: all, " + ", ".join(BREAKS))
-        args = parse_checked(parser)
-        if args.broken not in ["all", *BREAKS]:
-            names = ", ".join(BREAKS)
-            raise UsageError(f"unknown --break {args.broken!r}: choose one of all, {names}",
-                             hint="torchrun --nproc_per_node=2 examples/break_ddp.py --break none",
-                             same_on_every_rank=True)
         env = ddp_setup("gloo", "cpu", args.timeout)
         if env.world_size < 2:
             raise UsageError("the break-it demo needs 2 or more processes: with one, nothing can"

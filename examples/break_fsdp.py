@@ -5,22 +5,13 @@
 
 The model is the benchmark's 0.3M-parameter MLP (4 Linear layers of 256 x 256, a 10-way
 head), one unit per Linear layer; 3 AdamW steps beside an unbroken copy. Each break patches
-one method of minddp's Unit (minddp/fsdp.py); the library itself stays unbroken. What is
+one method of the lesson's Unit (minddp/fsdp.py); the library itself stays unbroken. What is
 measured: the bytes of whole (gathered) weights still allocated when forward ends, which
 resharding exists to free, and whether the weights equal the unbroken run's.
 docs/fsdp.md shows the output and says why.
 """
 
-import argparse
-import copy
-
-import torch
-import torch.nn.functional as F
-
-from minddp import ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0
-from minddp.bench import mlp
-from minddp.fsdp import fully_shard
-from minddp.fsdp_state import full_state_dict
+from minddp.run.cli import ArgumentParser
 
 BREAKS = {
     "none": "everything in place",
@@ -28,6 +19,20 @@ BREAKS = {
     "free": "reshard swaps the shards back in (as a .data swap would) but frees no storage",
 }
 
+if __name__ == "__main__":  # the flags first, before torch loads: a typo costs a moment
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--break", dest="broken", default="all", choices=[*BREAKS, "all"])
+    args = parser.parse_args()
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from minddp import ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0
+from minddp.bench.harness import mlp
+from minddp.fsdp import fully_shard
+from minddp.tools.whole_tensors import full_state_dict
 
 def skip_gather_before_backward(unit):
     original = unit._pre_backward
@@ -94,10 +99,7 @@ def run(env, broken, steps=3):
             f" run's")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--break", dest="broken", default="all", choices=[*BREAKS, "all"])
-    args = parser.parse_args()
+def main(args):
     env = ddp_setup("gloo", "cpu")
     for broken in (BREAKS if args.broken == "all" else [args.broken]):
         print0(f"--break {broken}: {BREAKS[broken]}\n    {run(env, broken)}")
@@ -106,4 +108,4 @@ def main():
 
 if __name__ == "__main__":
     with exit_on_failure(), exit_on_usage_error():
-        main()
+        main(args)

@@ -2,14 +2,18 @@
 
     torchrun --nproc_per_node=2 examples/fsdp.py --grad-table runs/fsdp.txt
     torchrun --nproc_per_node=2 examples/fsdp.py --fsdp stock --grad-table runs/fsdp-stock.txt
-    python -m minddp.diff runs/fsdp.txt runs/fsdp-stock.txt     # IDENTICAL
+    minddp diff runs/fsdp.txt runs/fsdp-stock.txt     # IDENTICAL
     torchrun --nproc_per_node=2 examples/stock_ddp.py --grad-table runs/stock.txt
-    python -m minddp.diff runs/fsdp.txt runs/stock.txt          # IDENTICAL at 1 and 2 ranks
+    minddp diff runs/fsdp.txt runs/stock.txt          # IDENTICAL at 1 and 2 ranks
 
 examples/manual_ddp.py with the wrapper replaced: each Linear layer is a unit whose weights
 are gathered just before it runs and freed after (minddp/fsdp.py; docs/fsdp.md). The
 optimizer is built after sharding, over the shards. Gradient tables hold whole gradients.
 """
+
+from minddp.run.cli import lesson_parser, parse_checked  # no torch: a typo costs a moment
+
+args = parse_checked(lesson_parser(__doc__, fsdp=True)) if __name__ == "__main__" else None
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +22,6 @@ from torch.utils.data import DataLoader
 from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches,
                     ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0,
                     print_rank, toy_datasets)
-from minddp.cli import lesson_parser, parse_checked
 from minddp import ShardSampler
 from minddp.fsdp import fully_shard
 from torch.distributed.fsdp import fully_shard as stock_fully_shard
@@ -67,7 +70,6 @@ def main(env, args):
 
 if __name__ == "__main__":
     with exit_on_failure(), exit_on_usage_error():  # one line and a hint, exit 1 or 2
-        args = parse_checked(lesson_parser(__doc__, fsdp=True))  # bad flags: exit 2, at once
         env = ddp_setup(args.backend, args.device, args.timeout)
         print0(f"PyTorch {torch.__version__} | {env}")  # world size, backend and device
         main(env, args)

@@ -2,9 +2,13 @@
 
     torchrun --nproc_per_node=2 examples/stock_ddp.py  --grad-table runs/stock.txt
     torchrun --nproc_per_node=2 examples/manual_ddp.py --grad-table runs/manual.txt
-    python -m minddp.diff runs/manual.txt runs/stock.txt   # IDENTICAL, bit for bit
+    minddp diff runs/manual.txt runs/stock.txt                 # IDENTICAL, bit for bit
     python examples/manual_ddp.py                          # world size 1, no torchrun
 """
+
+from minddp.run.cli import lesson_parser, parse_checked  # no torch: a typo costs a moment
+
+args = parse_checked(lesson_parser(__doc__, timeline=True)) if __name__ == "__main__" else None
 
 import torch
 import torch.nn.functional as F
@@ -13,8 +17,7 @@ from torch.utils.data import DataLoader
 from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches, check_replicas,
                     ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0,
                     print_rank, toy_datasets)
-from minddp.cli import lesson_parser, parse_checked
-from minddp.timeline import record_timeline
+from minddp.tools.timeline import record_timeline
 from minddp import ShardSampler
 from minddp import BucketedDDP
 
@@ -63,7 +66,6 @@ def main(env, args):
 
 if __name__ == "__main__":
     with exit_on_failure(), exit_on_usage_error():  # one line and a hint, exit 1 or 2
-        args = parse_checked(lesson_parser(__doc__, timeline=True))  # bad flags: exit 2, at once
         env = ddp_setup(args.backend, args.device, args.timeout)
         print0(f"PyTorch {torch.__version__} | {env}")  # world size, backend and device
         main(env, args)

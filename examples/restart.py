@@ -4,8 +4,13 @@
         --crash-at-step 3 --grad-table runs/restarted.txt          # add --ddp stock for stock's
     torchrun --nproc_per_node=2 examples/restart.py --checkpoint runs/whole.pt \
         --grad-table runs/whole.txt                                # the same run, not interrupted
-    python -m minddp.diff runs/restarted.txt runs/whole.txt        # IDENTICAL, bit for bit
+    minddp diff runs/restarted.txt runs/whole.txt        # IDENTICAL, bit for bit
 """
+
+from minddp.run.cli import lesson_parser, parse_checked  # no torch: a typo costs a moment
+
+args = (parse_checked(lesson_parser(__doc__, timeline=True, restart=True))
+        if __name__ == "__main__" else None)  # the flags first, checked before torch loads
 
 import torch
 import torch.nn.functional as F
@@ -14,12 +19,11 @@ from torch.utils.data import DataLoader
 from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches, check_replicas,
                     ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0,
                     print_rank, toy_datasets)
-from minddp.cli import lesson_parser, parse_checked
-from minddp.timeline import record_timeline
+from minddp.tools.timeline import record_timeline
 from minddp import ShardSampler
 from minddp import BucketedDDP
 from minddp import load_checkpoint, save_checkpoint
-from minddp.faults import check_crash_step, crash_if_asked
+from minddp.run.faults import check_crash_step, crash_if_asked
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -80,7 +84,6 @@ def main(env, args):
 
 if __name__ == "__main__":
     with exit_on_failure(), exit_on_usage_error():  # one line and a hint, exit 1 or 2
-        args = parse_checked(lesson_parser(__doc__, timeline=True, restart=True))
         env = ddp_setup(args.backend, args.device, args.timeout)
         print0(f"PyTorch {torch.__version__} | {env}")  # world size, backend and device
         main(env, args)

@@ -7,18 +7,18 @@ On any device it prints the lesson's numbers (Train Loss 0.75, 0.65, 0.44, 0.13,
 0.00): moving to a GPU changes where the arithmetic runs, not what it computes.
 """
 
-import argparse
+from minddp.run.cli import ArgumentParser
+
+parser = ArgumentParser(description=__doc__.split("\n\n")[0])  # flags first, before torch loads
+parser.add_argument("--device", help="cuda, mps or cpu (default: the best this machine has)")
+parser.add_argument("--epochs", type=int, default=3)
+args = parser.parse_args()
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from minddp import NeuralNetwork, compute_accuracy, toy_datasets
-
-parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-parser.add_argument("--device", help="cuda, mps or cpu (default: the best this machine has)")
-parser.add_argument("--epochs", type=int, default=3)
-args = parser.parse_args()
 
 train_ds, test_ds = toy_datasets()
 torch.manual_seed(123)  # the earlier lessons' loader: shuffled, seeded

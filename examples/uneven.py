@@ -7,8 +7,22 @@
 Each rank gets its own number of batches (rank r: 3 + r), as per-rank files or a filter
 that drops bad examples would give. The rank with more batches all-reduces buckets nobody
 answers. Inside `with model.join():` a rank that ran out answers with zeros until all are
-done (minddp/join.py), and every rank ends with the same weights.
+done (minddp/dropin/join.py), and every rank ends with the same weights.
 """
+
+from minddp.run.cli import lesson_parser, parse_checked
+
+
+def parse():
+    parser = lesson_parser(__doc__)
+    parser.add_argument("--join", action="store_true", help="train inside model.join()")
+    parser.add_argument("--ddp", default="manual", choices=["manual", "stock"],
+                        help="minddp's ManualDDP or stock PyTorch's DDP")
+    return parse_checked(parser)
+
+
+if __name__ == "__main__":  # the flags first, before torch loads: a typo costs a moment
+    args = parse()
 
 import contextlib
 
@@ -18,8 +32,7 @@ import torch.nn.functional as F
 
 from minddp import (ManualDDP, NeuralNetwork, check_replicas, ddp_setup, ddp_teardown,
                     exit_on_failure, exit_on_usage_error, print0)
-from minddp.cli import lesson_parser, parse_checked
-from minddp.errors import CollectiveFailure
+from minddp.run.errors import CollectiveFailure
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -55,11 +68,6 @@ def main(env, args):
 
 if __name__ == "__main__":
     with exit_on_failure(), exit_on_usage_error():  # one line and a hint, exit 1 or 2
-        parser = lesson_parser(__doc__)
-        parser.add_argument("--join", action="store_true", help="train inside model.join()")
-        parser.add_argument("--ddp", default="manual", choices=["manual", "stock"],
-                            help="minddp's ManualDDP or stock PyTorch's DDP")
-        args = parse_checked(parser)
         env = ddp_setup(args.backend, args.device, args.timeout)
         print0(f"PyTorch {torch.__version__} | {env}")  # world size, backend and device
         main(env, args)

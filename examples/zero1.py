@@ -2,12 +2,16 @@
 
     torchrun --nproc_per_node=2 examples/zero1.py --grad-table runs/zero1.txt
     torchrun --nproc_per_node=2 examples/manual_ddp.py --grad-table runs/manual.txt
-    python -m minddp.diff runs/zero1.txt runs/manual.txt      # IDENTICAL
+    minddp diff runs/zero1.txt runs/manual.txt      # IDENTICAL
 
 examples/manual_ddp.py with one line changed: the optimizer. Each rank keeps SGD's state
 for its shard of the parameters only, updates that shard, and receives the rest from
 their owners (minddp/zero.py; docs/zero1.md).
 """
+
+from minddp.run.cli import lesson_parser, parse_checked  # no torch: a typo costs a moment
+
+args = parse_checked(lesson_parser(__doc__)) if __name__ == "__main__" else None
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +20,6 @@ from torch.utils.data import DataLoader
 from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches, check_replicas,
                     ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0,
                     print_rank, toy_datasets)
-from minddp.cli import lesson_parser, parse_checked
 from minddp import ShardSampler
 from minddp import BucketedDDP
 from minddp import ShardedOptimizer
@@ -64,7 +67,6 @@ def main(env, args):
 
 if __name__ == "__main__":
     with exit_on_failure(), exit_on_usage_error():  # one line and a hint, exit 1 or 2
-        args = parse_checked(lesson_parser(__doc__))  # bad flags fail here, before training
         env = ddp_setup(args.backend, args.device, args.timeout)
         print0(f"PyTorch {torch.__version__} | {env}")  # world size, backend and device
         main(env, args)

@@ -12,7 +12,7 @@ one rank only), so stock DDP copies rank 0's state to everyone when it wraps the
 import torch
 import torch.distributed as dist
 
-from .errors import UsageError
+from . import UsageError
 
 
 def check_same_model(module, group=None, tensors=None):

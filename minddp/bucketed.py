@@ -8,9 +8,9 @@ gradients travel. NaiveDDP sends each gradient alone and waits; here each gradie
 copied (already divided by world_size) into its place in a flat *bucket*, and a bucket
 whose last gradient has come in is all-reduced *asynchronously*, while autograd goes on
 computing the earlier layers' gradients. When backward ends we wait for every bucket and
-copy the averages back into `.grad`. The layout is stock's (buckets.py): one bucket for
+copy the averages back into `.grad`. The layout is stock's (bucket_layout.py): one bucket for
 the first backward, then buckets rebuilt once, in the order the gradients arrived.
-Stock's other knobs (find_unused_parameters, comm hooks, ...) sit on top: ddp.py.
+Stock's other knobs (find_unused_parameters, comm hooks, ...) sit on top: dropin/ddp.py.
 """
 
 import contextlib
@@ -21,9 +21,9 @@ import torch.distributed as dist
 from torch import nn
 
 from .broadcast import broadcast_buffers, broadcast_parameters, check_same_model
-from .buckets import Bucket, assign_buckets, bucket_size_limits, check_bucketable
-from .compat import check_stock_arguments, missing_gradients_error, move_to_device
-from .errors import UsageError
+from .bucket_layout import Bucket, assign_buckets, bucket_size_limits, check_bucketable
+from .naive import missing_gradients_error, move_to_device
+from . import UsageError
 
 
 class BucketedDDP(nn.Module):
@@ -32,10 +32,11 @@ class BucketedDDP(nn.Module):
     Collective: call on every rank.
     """
 
-    def __init__(self, module, device_ids=None, output_device=None, dim=0,
-                 broadcast_buffers=True, init_sync=True, process_group=None, bucket_cap_mb=None):
-        super().__init__()  # stock's first eight arguments, in stock's order (compat.py)
-        self.device_ids = check_stock_arguments(module, device_ids, output_device)
+    def __init__(self, module, device_ids=None, broadcast_buffers=True, init_sync=True,
+                 process_group=None, bucket_cap_mb=None):
+        """Wrap `module` as NaiveDDP does; buckets of bucket_cap_mb (stock's names, defaults)."""
+        super().__init__()
+        self.device_ids = device_ids  # [i]: the module is on cuda:i; inputs are moved there
         self.module = module
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
@@ -76,6 +77,7 @@ class BucketedDDP(nn.Module):
             self.require_backward_grad_sync = before
 
     def forward(self, *args, **kwargs):
+        """The module's forward; a training forward decides if the next backward syncs."""
         synced = torch.is_grad_enabled() and self.require_backward_grad_sync
         if synced:
             self._rebuild_buckets()  # once, after the first synced backward

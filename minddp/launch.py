@@ -16,17 +16,19 @@ on two: both machines would have a "rank 0" that saves.
 import datetime
 import faulthandler
 import gc
+import inspect
 import os
 import sys
 from dataclasses import dataclass
 
 import torch
+import torch._dynamo  # noqa: F401  (before any group: see the comment in ddp_setup)
 import torch.distributed as dist
 
 from .backends import choose_backend
-from .workarounds import forget_dtensor_caches, group_threads, init_workarounds
 
 DEFAULT_TIMEOUT_S = 120
+ARRIVAL_TIMEOUT = datetime.timedelta(minutes=10)  # the longest a rank waits for its peers to start
 EXIT_BOUND_S = 60  # the longest a finished rank may take to exit (see ddp_teardown)
 
 
@@ -46,27 +48,22 @@ class DDPEnv:
 
     @property
     def device_ids(self):
-        """What stock DDP's `device_ids` wants: [index] for a CUDA module, None otherwise.
-
-        The lesson passes `device_ids=[rank]` unconditionally; on CPU, DDP rejects that.
-        """
+        """Stock DDP's `device_ids`: [index] on CUDA, None otherwise (on CPU [rank] is refused)."""
         return [self.device.index] if self.device.type == "cuda" else None
 
 
 def ddp_setup(backend="auto", device="auto", timeout=DEFAULT_TIMEOUT_S):
     """Read torchrun's environment, pick backend and device, start the process group.
 
-    Collective: call on every rank.
-
-    Without torchrun (plain `python script.py`) this is a world of one process.
-    `timeout` (seconds) bounds how long a rank waits in a collective for its peers.
+    Collective: call on every rank. Without torchrun (plain `python script.py`) this is a
+    world of one process. `timeout` (seconds) bounds a rank's wait for its peers.
     """
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     backend, device_name = choose_backend(
-        backend, device, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
-        world_size,
+        backend, device, local_rank, local_world_size, world_size,
         cuda_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
         mps_available=torch.backends.mps.is_available(), windows=sys.platform == "win32")
     env = DDPEnv(rank, local_rank, world_size, backend, torch.device(device_name), timeout)
@@ -75,26 +72,44 @@ def ddp_setup(backend="auto", device="auto", timeout=DEFAULT_TIMEOUT_S):
     # torch's default is 10 to 30 minutes: a rank whose peer died would sit that long in
     # its collective. The lesson's steps take milliseconds; two minutes is generous.
     timeout = datetime.timedelta(seconds=timeout)
-    # The lesson's call. What some machines and torch versions need beyond it (the store
-    # of this torchrun attempt, nccl's device binding, ...) is one named call, explained
-    # in workarounds.py.
+    # torch._dynamo is imported at the top, before any group: imported later (torch.optim
+    # does), it holds the group past destroy_process_group(); the exit can hang (torch 2.13).
+    # nccl bound to its GPU from the start need not guess it from the rank (torch >= 2.3).
+    bind = ({"device_id": env.device} if backend == "nccl"
+            and "device_id" in inspect.signature(dist.init_process_group).parameters else {})
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
-                            **init_workarounds(backend, env.device, rank, world_size, timeout))
+                            store=_store(rank, world_size), **bind)  # the lesson's call
     return env
 
 
+def _store(rank, world_size):
+    """Where the ranks meet: torchrun's address (env://), or, alone, an in-process store."""
+    if "WORLD_SIZE" not in os.environ:
+        return dist.HashStore()  # one process meets nobody: no port needed
+    if sys.platform == "win32":
+        os.environ["USE_LIBUV"] = "0"  # Windows builds ship the TCP store without libuv
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=ARRIVAL_TIMEOUT))
+    # After a restart (torchrun --max-restarts) the workers meet in the same store, which
+    # still holds the dead attempt's keys: gloo would dial the old peers ("Connection
+    # refused"). Each attempt gets its own key prefix.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)
+    store = dist.PrefixStore(f"minddp/attempt{attempt}", store)
+    # Wait here until every rank has arrived: `timeout` is for a peer that stops taking part,
+    # not for one still importing torch on a busy machine (17 s, measured at load 14).
+    if store.add("arrived", 1) == world_size:
+        store.set("all arrived", "yes")
+    store.wait(["all arrived"])
+    return store
+
+
 def ddp_teardown():
-    """Free the process group, all ranks together. Call it after main() has returned.
+    """Free the process group, all ranks together. Collective: call on every rank.
 
-    Collective: call on every rank.
-
-    Order matters. Stock DDP's reducer is C++ and holds the process group. Were it the
-    last holder, freeing the model (when main()'s frame ends) would run the group's
-    destructor on the main thread, holding Python's GIL, and that destructor joins
-    gloo's worker threads, one of which may still be freeing a finished collective's
-    tensors and waiting for the GIL: a deadlock (at interpreter exit, an abort). With
-    every wrapper freed first, destroy_process_group() drops the last reference from
-    Python, which lets go of the GIL while the threads are joined.
+    Call it after main() has returned. Stock DDP's reducer (C++) holds the group; were it
+    the last holder, freeing the model would run the group's destructor on the main thread,
+    GIL held, joining gloo's threads, one of which may wait for the GIL to free a finished
+    collective's tensors: a deadlock (at exit, an abort). With every wrapper freed first,
+    destroy_process_group() drops the last reference and lets go of the GIL meanwhile.
     """
     if not dist.is_initialized():
         return
@@ -115,8 +130,37 @@ def ddp_teardown():
         faulthandler.dump_traceback_later(EXIT_BOUND_S, exit=True)
 
 
-def get_rank():
-    """The global rank, with or without a process group."""
+def forget_dtensor_caches():
+    """Empty DTensor's sharding caches, which hold device meshes and so their process group."""
+    # Stock fully_shard (FSDP2) makes DTensors; the first op on each shape caches its
+    # sharding, whose device mesh holds the group, which then outlives its destroy.
+    if "torch.distributed.tensor" not in sys.modules:
+        return  # never imported: nothing cached
+    from torch.distributed.tensor import _collective_utils, _redistribute, _sharding_prop, debug
+    # (private names, so each is looked up, and skipped where a release lacks it)
+    for clear in ("_clear_python_sharding_prop_cache", "_clear_fast_path_sharding_prop_cache"):
+        getattr(debug, clear, lambda: None)()
+    for cached in (getattr(_sharding_prop.ShardingPropagator, "_propagate_tensor_meta_cached",
+                           None), getattr(_redistribute, "_gen_transform_infos", None),
+                   getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh",
+                           None)):
+        getattr(cached, "cache_clear", lambda: None)()
+    getattr(_redistribute, "clear_redistribute_planner_cache", lambda: None)()
+
+
+def group_threads():
+    """Names of this process's gloo threads still running (Linux; [] where unknown)."""
+    names = []
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            continue  # the thread ended while we looked
+    return sorted(n for n in names if "gloo" in n)
+
+
+def get_rank():  # the global rank, with or without a process group
     return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
 
 

@@ -1,7 +1,7 @@
 """NaiveDDP: DistributedDataParallel in its simplest form, the teaching baseline.
 
     pytest tests/test_ddp.py                                  # bitwise against stock DDP
-    python -m minddp.bench --contenders naive bucketed stock  # what it costs, timed
+    minddp bench --contenders naive bucketed stock  # what it costs, timed
 
 Not used in practice (bucketed.py is the real way), but the idea fits on a screen. Wrap
 the model, train with the usual loop, and when `loss.backward()` returns, every parameter's
@@ -21,9 +21,10 @@ import contextlib
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._pytree import tree_map
 
+from . import UsageError
 from .broadcast import broadcast_buffers, broadcast_parameters, check_same_model
-from .compat import check_stock_arguments, missing_gradients_error, move_to_device
 
 
 class NaiveDDP(nn.Module):
@@ -31,10 +32,14 @@ class NaiveDDP(nn.Module):
 
     Collective: call on every rank."""
 
-    def __init__(self, module, device_ids=None, output_device=None, dim=0,
-                 broadcast_buffers=True, init_sync=True, process_group=None):
-        super().__init__()  # stock's first seven arguments, in stock's order (compat.py)
-        self.device_ids = check_stock_arguments(module, device_ids, output_device)
+    def __init__(self, module, device_ids=None, broadcast_buffers=True, init_sync=True,
+                 process_group=None):
+        """Wrap `module`; rank 0's weights are copied to every rank. Stock's argument names.
+
+        device_ids=[i]: the module lives on cuda:i, and forward moves its inputs there.
+        """
+        super().__init__()
+        self.device_ids = device_ids
         self.module = module  # stock's name: state_dict keys read "module.<name>" in both
         self.process_group, self.world_size = process_group, dist.get_world_size(process_group)
         self.broadcast_buffers = broadcast_buffers
@@ -64,6 +69,7 @@ class NaiveDDP(nn.Module):
             self.require_backward_grad_sync = before  # restored, not set to True: blocks nest
 
     def forward(self, *args, **kwargs):
+        """The module's forward, after rank 0's buffers are copied to every rank."""
         if self.require_forward_param_sync and self.broadcast_buffers:
             # Buffers are state that forward *updates* (BatchNorm's running statistics),
             # each rank from its own batch, so replicas drift apart. Stock copies rank 0's
@@ -106,3 +112,22 @@ class NaiveDDP(nn.Module):
         missing = [n for n, p in zip(self._names, self._params) if id(p) not in arrived]
         if missing:  # its peers averaged it and this rank did not: the replicas would part
             raise missing_gradients_error(missing)
+
+
+def move_to_device(args, kwargs, device_ids):
+    """The inputs moved to device_ids[0] (stock's forward does this when device_ids is set)."""
+    if not device_ids:
+        return args, kwargs
+    device = torch.device("cuda", device_ids[0])
+    move = lambda x: x.to(device) if isinstance(x, torch.Tensor) else x  # noqa: E731
+    return tree_map(move, args), tree_map(move, kwargs)
+
+
+def missing_gradients_error(missing):
+    """The error for parameters that require grad but got none in a synced backward."""
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    return UsageError(f"parameter {missing[0]!r} requires grad but got no gradient in this"
+                      f" backward{more}",
+                      hint="use it in forward so it reaches the loss, or freeze it with"
+                           " requires_grad_(False) before wrapping the model (or pass"
+                           " find_unused_parameters=True to ManualDDP, as to stock DDP)")

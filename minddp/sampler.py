@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from .errors import UsageError
+from . import UsageError
 
 
 class ShardSampler(Sampler):

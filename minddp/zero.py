@@ -1,7 +1,7 @@
 """ShardedOptimizer: ZeRO stage 1 by hand, the optimizer state split over the ranks.
 
     torchrun --nproc_per_node=2 examples/zero1.py
-    python -m minddp.zero_bench                 # optimizer-state bytes per rank, step times
+    minddp zero-bench                 # optimizer-state bytes per rank, step times
 
 With DDP every rank holds the whole optimizer state: for Adam two more tensors the size
 of every parameter, more memory than the weights themselves. Yet after the all_reduce
@@ -26,7 +26,7 @@ numbers, wherever it runs, and a broadcast copies bits.
 import torch
 import torch.distributed as dist
 
-from .errors import UsageError
+from . import UsageError
 
 
 class ShardedOptimizer(torch.optim.Optimizer):

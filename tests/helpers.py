@@ -1,8 +1,11 @@
 """Test helpers: start ranks (in-process spawn, or torchrun), always under a hard time limit.
 
 A distributed bug's usual symptom is a hang: one rank waits in a collective that a
-peer never joins. Every helper here kills what it started at its deadline and fails
-the test, so CI reports the hang in seconds instead of blocking.
+peer never joins. Every helper here kills what it started at its bound and fails the
+test, so CI reports the hang instead of blocking. The bound is against a true hang only,
+never a measure of speed: HANG_S is far beyond what any run takes on a loaded 2-core
+machine (where importing torch alone took 17 s), and a test that waits for something
+waits for the event itself (a line printed, a process ended), not for a guessed time.
 """
 
 import contextlib
@@ -21,9 +24,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from minddp.launch import ddp_teardown
-from minddp.workarounds import group_threads, import_dynamo_first
+from minddp.launch import group_threads
 
 REPO = Path(__file__).resolve().parent.parent
+HANG_S = 600  # a run still going after this long is hung (the slowest takes ~40 s, loaded)
 # Two cores here: one intra-op thread per rank keeps ranks from fighting over them.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -35,7 +39,7 @@ def _entry(fn, rank, world_size, store_file, out_dir, args, gpu):
             # hiding it here, before any CUDA call, is in time).
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
         torch.set_num_threads(1)
-        import_dynamo_first()  # before the group, or the group outlives its destroy
+        # (minddp.launch, imported above, imported torch._dynamo before any group: launch.py)
         # A file store: no TCP port, so concurrent test runs never collide.
         dist.init_process_group("gloo", init_method=f"file://{store_file}",
                                 rank=rank, world_size=world_size)
@@ -53,7 +57,7 @@ def _entry(fn, rank, world_size, store_file, out_dir, args, gpu):
         sys.exit(1)
 
 
-def run_ranks(fn, world_size, *args, timeout=90, gpu=False):
+def run_ranks(fn, world_size, *args, timeout=HANG_S, gpu=False):
     """Run fn(rank, world_size, *args) on `world_size` spawned gloo ranks; return [result per rank].
 
     fn must be a module-level function (spawn pickles it by name). A rank that fails
@@ -130,13 +134,14 @@ class Hang(AssertionError):
         self.tag, self.stdout, self.stderr = tag, stdout, stderr
 
 
-def run(cmd, timeout=120, env=None, gpu=False):
-    """Run a command under a hard deadline; at the deadline kill all it started and raise Hang.
+def run(cmd, timeout=HANG_S, env=None, gpu=False, until=()):
+    """Run a command under a hard bound; at the bound kill all it started and raise Hang.
 
-    Output goes to files, not pipes: a worker that outlives its launcher may hold a pipe
-    open forever, and reading it would block; a file is read once the run is over.
-    CUDA is hidden from the command unless gpu=True: the suite means CPU and gloo, and
-    runs the same tests in about the same time on a GPU machine.
+    until: lines of output to wait for; once all are printed, everything the run started is
+    killed and the result returned with .killed True (how a test watches a run that would
+    otherwise never end). Output goes to files, not pipes: a worker that outlives its
+    launcher may hold a pipe open forever, and reading it would block; a file is read any
+    time. CUDA is hidden from the command unless gpu=True: the suite means CPU and gloo.
     """
     tag = uuid.uuid4().hex
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
@@ -146,25 +151,36 @@ def run(cmd, timeout=120, env=None, gpu=False):
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, text=True, start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        deadline, timed_out, killed = time.monotonic() + timeout, False, False
         try:
-            proc.wait(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            while proc.poll() is None:
+                if until and all(line in _read(out) for line in until):
+                    killed = True  # every awaited line is out: the event, not a deadline
+                    break
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                time.sleep(0.1)
         finally:
-            kill_tagged(tag)  # at the deadline everything; after a normal end, any orphan
+            kill_tagged(tag)  # at the bound or the event everything; after a normal end, orphans
             proc.wait()
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
+        stdout, stderr = _read(out), _read(err)
     if timed_out:
         raise Hang(f"{' '.join(map(str, cmd))} still running after {timeout}s (a hang?);"
                    f" killed\n{stdout[-2000:]}\n{stderr[-2000:]}", tag, stdout, stderr)
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    result = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    result.killed, result.tag = killed, tag
+    return result
 
 
-def torchrun(nproc, script, *args, timeout=120, launcher=(), gpu=False):
+def _read(file):
+    file.flush()
+    file.seek(0)
+    return file.read()
+
+
+def torchrun(nproc, script, *args, timeout=HANG_S, launcher=(), gpu=False, until=()):
     """`torchrun --standalone --nproc_per_node=N [launcher] script args`: --standalone picks a free port."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", *launcher, str(script), *map(str, args)]
-    return run(cmd, timeout=timeout, gpu=gpu)
+    return run(cmd, timeout=timeout, gpu=gpu, until=until)

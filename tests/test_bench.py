@@ -2,7 +2,7 @@
 
     pytest tests/test_bench.py
 
-Not a timing test: speed is measured by `python -m minddp.bench`, not asserted here.
+Not a timing test: speed is measured by `minddp bench`, not asserted here.
 """
 
 import json
@@ -14,8 +14,8 @@ from helpers import run
 
 
 def test_bench_reports_every_contender_as_a_ratio_to_stock():
-    result = run([sys.executable, "-m", "minddp.bench", "--sizes", "0.3M", "--world-sizes", "2",
-                  "--rounds", "2", "--warmup", "1"], timeout=120)
+    result = run([sys.executable, "-m", "minddp", "bench", "--sizes", "0.3M", "--world-sizes", "2",
+                  "--rounds", "2", "--warmup", "1"])
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     columns = [len(c) for c in lines[2].split()]  # tabulate's dashes give each column's width
@@ -38,9 +38,9 @@ def test_bench_reports_every_contender_as_a_ratio_to_stock():
 def fsdp_rows(tmp_path_factory):
     """One small run of python -m minddp.fsdp_bench at 2 ranks: its rows, unrounded."""
     path = tmp_path_factory.mktemp("fsdp") / "rows.json"
-    result = run([sys.executable, "-m", "minddp.fsdp_bench", "--sizes", "0.3M", "--world-sizes",
+    result = run([sys.executable, "-m", "minddp", "fsdp-bench", "--sizes", "0.3M", "--world-sizes",
                   "2", "--rounds", "1", "--warmup", "0", "--json", path,
-                  "--png", path.with_suffix(".png")], timeout=120)
+                  "--png", path.with_suffix(".png")])
     assert result.returncode == 0, result.stderr[-3000:]
     return {r["way"]: r for r in json.load(open(path))["rows"]}, path.with_suffix(".png")
 
@@ -70,7 +70,7 @@ def test_fsdp_bench_measures_what_each_zero_stage_keeps_and_sends(fsdp_rows):
 
 def test_memory_picture_draws_the_measured_bytes(fsdp_rows, tmp_path):
     import matplotlib.image
-    from minddp.pictures import draw_memory
+    from minddp.tools.pictures import draw_memory
     by, png = fsdp_rows
     assert matplotlib.image.imread(png).shape == (420, 1300, 4)  # the bench drew it, 100 dpi
     drawn = draw_memory(list(by.values()), tmp_path / "again.png", "test")  # read back
@@ -82,14 +82,13 @@ def test_memory_picture_draws_the_measured_bytes(fsdp_rows, tmp_path):
         assert bar["gathered"] == (0.0 if way in ("DDP", "ZeRO-1") else row["unsharded"]), way
 
 
-@pytest.mark.parametrize("program", ["fsdp_bench", "timeline"])
+@pytest.mark.parametrize("program", ["fsdp", "timeline"])
 def test_png_without_matplotlib_says_what_to_install(program, tmp_path, monkeypatch, capsys):
     import importlib
-    module = importlib.import_module(f"minddp.{program}")
+    module = importlib.import_module(f"minddp.bench.{program}")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
-    monkeypatch.setattr(sys, "argv", [program, "--png", str(tmp_path / "x.png")])
     with pytest.raises(SystemExit) as exited:
-        module.main()  # in this process: a rank started here would fail the test (no group)
+        module.parse(["--png", str(tmp_path / "x.png")])  # the flags, checked before any rank
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "error: --png needs matplotlib, which is not installed" in err

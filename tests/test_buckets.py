@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers import run_ranks
 from minddp import BucketedDDP, ManualDDP, NeuralNetwork
-from minddp.buckets import MB, assign_buckets, bucket_size_limits
+from minddp.bucket_layout import MB, assign_buckets, bucket_size_limits
 
 
 def _lesson_model():

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers import run_ranks
 from minddp import ManualDDP, UsageError
-from minddp.hooks import fp16_mean_hook
+from minddp.dropin.comm_hooks import fp16_mean_hook
 
 
 class BatchNormNet(torch.nn.Module):
@@ -138,7 +138,7 @@ def _all_configs(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_every_knob_bitwise_equal_to_stock(world_size):
-    results = run_ranks(_all_configs, world_size, timeout=240)
+    results = run_ranks(_all_configs, world_size)
     for problems, _, views in results:
         assert problems == []
         assert views == {"bucket-view-zeroed": True}  # .grad lives in the buckets

@@ -5,7 +5,8 @@
 - README's reading-order table states each file's size: it must be the file's size.
 - help() of every public name opens with a sentence of its own; a collective says so.
 - Every command in README.md, docs/*.md and the docstrings of minddp/ and examples/
-  (`python -m minddp.X ...`, `python examples/X.py ...`, `torchrun ... examples/X.py ...`)
+  (`minddp SUB ...`, `python -m minddp SUB ...`, `python -m minddp.X ...`,
+  `python examples/X.py ...`, `torchrun ... examples/X.py ...`)
   is parsed by the program it names: the program exists, each flag exists, each value is
   one of the flag's choices. A renamed flag cannot leave a dead command behind.
 """
@@ -22,6 +23,9 @@ import pytest
 
 import minddp
 from helpers import REPO
+from minddp.__main__ import COMMANDS, main as minddp_main
+
+SUBCOMMANDS = "|".join([*COMMANDS, "--help"])  # `minddp needs ...` in prose is no command
 
 COLLECTIVES = {"NaiveDDP", "BucketedDDP", "ManualDDP", "broadcast_parameters", "check_same_model",
                "fully_shard", "ddp_setup", "ddp_teardown", "check_replicas", "save_checkpoint",
@@ -36,7 +40,7 @@ def test_readme_sizes_are_the_files_sizes():
     assert len(named) == len(set(named)), "the reading order names a file twice"
     for path, lines in rows:
         assert len((REPO / path).read_text().splitlines()) == int(lines), path
-    for path, lines in re.findall(r"`(minddp/\w+\.py)` \((\d+)", readme):  # "the rest" sentence
+    for path, lines in re.findall(r"`(minddp/[\w/]+\.py)` \((\d+)", readme):  # the rest
         assert len((REPO / path).read_text().splitlines()) == int(lines), path
 
 
@@ -52,8 +56,8 @@ def test_help_opens_with_a_sentence_of_its_own(name):
 
 
 def _docstrings():
-    for path in sorted(REPO.glob("minddp/*.py")) + sorted(REPO.glob("examples/*.py")):
-        yield path.name, ast.get_docstring(ast.parse(path.read_text())) or ""
+    for path in sorted(REPO.glob("minddp/**/*.py")) + sorted(REPO.glob("examples/*.py")):
+        yield str(path.relative_to(REPO)), ast.get_docstring(ast.parse(path.read_text())) or ""
 
 
 def _documents():
@@ -69,10 +73,11 @@ def commands():
         text = re.sub(r"\\\\?\n\s*", " ", text)  # join continued lines
         for line in text.splitlines():
             line = line.strip().lstrip("$> ").split("  #")[0].split(" # ")[0].strip()
-            m = re.match(r"(?:python3? -m (minddp\.\w+)|python3? (examples/\w+\.py)"
+            m = re.match(rf"(?:(?:python3? -m )?(minddp (?:{SUBCOMMANDS}))|python3? -m (minddp\.[\w.]+)"
+                         r"|python3? (examples/\w+\.py)"
                          r"|torchrun (?:--[\w-]+(?:=\S+)? )*(examples/\w+\.py))(.*)$", line)
             if m:
-                found.append((where, m.group(1) or m.group(2) or m.group(3), m.group(4)))
+                found.append((where, next(g for g in m.groups()[:4] if g), m.group(5)))
     return found
 
 
@@ -83,8 +88,14 @@ def _help_of(program, args):
     old, sys.argv = sys.argv, argv
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            if program.startswith("minddp."):
-                sys.modules.pop(program, None)  # run it as __main__, not the imported copy
+            if program == "minddp --help":
+                assert minddp_main(["--help"]) == 0
+            elif program.startswith("minddp "):
+                sys.modules.pop(COMMANDS[program.split()[1]][0], None)
+                minddp_main([program.split()[1]] + args + ["--help"])
+            elif program.startswith("minddp."):
+                for name in (program, minddp._OldNames._new(program)):  # (an old path too)
+                    sys.modules.pop(name, None)  # run it as __main__, not the imported copy
                 runpy.run_module(program, run_name="__main__", alter_sys=True)
             else:
                 runpy.run_path(str(REPO / program), run_name="__main__")
@@ -97,8 +108,9 @@ def _help_of(program, args):
 
 def test_the_docs_show_commands():
     programs = {program for _, program, _ in commands()}
-    assert {"minddp.diff", "minddp.bench", "minddp.timeline", "examples/manual_ddp.py",
-            "examples/accumulate.py", "examples/restart.py"} <= programs
+    assert {"minddp diff", "minddp bench", "minddp timeline", "minddp fsdp-bench",
+            "minddp zero-bench", "examples/manual_ddp.py", "examples/accumulate.py",
+            "examples/restart.py"} <= programs
 
 
 @pytest.mark.parametrize("where,program,args", commands(),

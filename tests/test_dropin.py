@@ -70,7 +70,7 @@ def test_the_group_dies_in_destroy_when_minddp_is_imported_first(order, threads)
     # Why a client's exit is clean: its group is really gone after destroy_process_group(),
     # threads and all, and nothing is left for the interpreter's exit to free.
     result = run([sys.executable, str(REPO / "tests" / "scripts" / "group_outlives_destroy.py"),
-                  order], timeout=60)
+                  order])
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith(f"model alive: {threads}"), result.stdout
 
@@ -86,7 +86,7 @@ def _stock_refusals(rank, world_size):
     }
     said = {}
     for name, call in calls.items():
-        for cls in (DDP, NaiveDDP, BucketedDDP, ManualDDP):
+        for cls in (DDP, ManualDDP):  # the drop-in; the lessons leave stock's checks to it
             try:
                 call(cls)
                 said[name, cls.__name__] = None
@@ -108,8 +108,7 @@ def test_wrong_calls_are_refused_as_stock_refuses_them():
                  "nothing to train"):
         stock = said[name, "DistributedDataParallel"]
         assert stock is not None, name
-        for cls in ("NaiveDDP", "BucketedDDP", "ManualDDP"):
-            assert said[name, cls] == stock, (name, cls, said[name, cls], stock)
+        assert said[name, "ManualDDP"] == stock, (name, said[name, "ManualDDP"], stock)
     # Positionally, stock's order: the second argument is device_ids, never process_group.
     assert said["a list as process_group", "ManualDDP"] == \
         said["a list as process_group", "DistributedDataParallel"]
@@ -125,9 +124,10 @@ def test_the_signature_is_stocks():
     assert NaiveDDP not in ManualDDP.__mro__ and NaiveDDP not in BucketedDDP.__mro__
     stock = list(inspect.signature(DDP.__init__).parameters)[1:]
     assert list(inspect.signature(ManualDDP.__init__).parameters)[1:] == stock
-    for cls in (NaiveDDP, BucketedDDP):  # a prefix of stock's, in stock's order
+    for cls in (NaiveDDP, BucketedDDP):  # the lessons: stock's names, in stock's order, fewer
         mine = list(inspect.signature(cls.__init__).parameters)[1:]
-        assert mine == stock[:len(mine)], cls
+        assert mine == [name for name in stock if name in mine], cls
+        assert "dim" not in mine and "output_device" not in mine, cls  # they steer nothing there
 
 
 def test_torch_compile_in_both_orders_gives_stocks_numbers():
@@ -137,7 +137,7 @@ def test_torch_compile_in_both_orders_gives_stocks_numbers():
     # wrapper does on the CPU; in both orders the weights are stock's in the same order.
     sys.path.insert(0, str(REPO / "tests" / "scripts"))
     import compile_orders
-    for results in run_ranks(compile_orders.all_orders, 2, "aot_eager", timeout=300):
+    for results in run_ranks(compile_orders.all_orders, 2, "aot_eager"):
         for order, graphs in (("wrapper(compile(m))", 1), ("compile(wrapper(m))", 0)):
             stock, manual = results[order, "stock"], results[order, "manual"]
             assert manual[0] == graphs and manual[2] == [], (order, manual[:3])

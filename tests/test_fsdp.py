@@ -19,8 +19,8 @@ from torch.distributed.fsdp import fully_shard as stock_fully_shard
 
 from helpers import run_ranks
 from minddp import ManualDDP, UsageError
-from minddp.fsdp import MixedPrecisionPolicy, fully_shard
-from minddp.fsdp_state import full_gradients, full_state_dict, load_full_state_dict
+from minddp import MixedPrecisionPolicy, fully_shard
+from minddp.tools.whole_tensors import full_gradients, full_state_dict, load_full_state_dict
 
 
 class Block(nn.Module):
@@ -222,7 +222,7 @@ def _everything(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_fully_shard_bitwise_equal_to_stock(world_size):
-    by_rank = run_ranks(_everything, world_size, timeout=240)
+    by_rank = run_ranks(_everything, world_size)
     for rank, out in enumerate(by_rank):
         for case, verdicts in out["cases"].items():
             assert verdicts == ["equal"] * 3, f"rank {rank}, {case}: {verdicts}"

@@ -1,4 +1,4 @@
-"""Gradient tables on disk and `python -m minddp.diff`: verdicts, tolerances, bad inputs.
+"""Gradient tables on disk and `minddp diff`: verdicts, tolerances, bad inputs.
 
     pytest tests/test_gradtable.py
 """
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from minddp import GradTable
-from minddp.diff import main as diff_main, ulp_distance
-from minddp.gradtable import read_table, write_table
+from minddp.tools.diff import main as diff_main, ulp_distance
+from minddp.tools.tables import read_table, write_table
 
 
 def _rows(world_size=2, steps=3, seed=0, names=("w", "b")):

@@ -77,7 +77,7 @@ def _both_optimizers(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_bitwise_equal_to_plain_and_to_zero_redundancy_optimizer(world_size):
-    by_rank = run_ranks(_both_optimizers, world_size, timeout=180)
+    by_rank = run_ranks(_both_optimizers, world_size)
     for name in OPTIMIZERS:  # AdamW, and SGD with momentum
         results = [r[name] for r in by_rank]
         for equal, same_shards, _, _ in results:
@@ -146,8 +146,8 @@ def test_different_parameter_lists_are_a_clear_error():
 
 
 def test_zero_bench_reports_state_per_rank():
-    result = run([sys.executable, "-m", "minddp.zero_bench", "--sizes", "0.3M", "--world-sizes", "2",
-                  "--rounds", "2", "--warmup", "1"], timeout=120)
+    result = run([sys.executable, "-m", "minddp", "zero-bench", "--sizes", "0.3M", "--world-sizes", "2",
+                  "--rounds", "2", "--warmup", "1"])
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {" ".join(line.split()[2:-5]): line.split() for line in result.stdout.splitlines()
             if line.startswith("2 ")}

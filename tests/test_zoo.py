@@ -160,7 +160,7 @@ def _zoo(rank, world_size, names, wrappers):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_the_zoo_is_bitwise_equal_to_stock(world_size):
-    for problems in run_ranks(_zoo, world_size, list(ZOO), [ManualDDP], timeout=180):
+    for problems in run_ranks(_zoo, world_size, list(ZOO), [ManualDDP]):
         assert problems == []
 
 
@@ -169,7 +169,7 @@ def test_sparse_gradients_in_both_classes(world_size):
     # NaiveDDP's one all_reduce per parameter adds the dense head in another order than
     # stock's flat bucket at 3 ranks; the sparse gradient travels alone in both, so it is
     # bitwise equal at every world size. ManualDDP: everything, bitwise.
-    results = run_ranks(_zoo, world_size, ["sparse-bag"], [ManualDDP, NaiveDDP], timeout=120)
+    results = run_ranks(_zoo, world_size, ["sparse-bag"], [ManualDDP, NaiveDDP])
     for problems in results:
         if world_size < 3:
             assert problems == []

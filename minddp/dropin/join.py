@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, JoinHook, Joinable
 
-from .broadcast import broadcast_parameters
-from .errors import UsageError
+from ..broadcast import broadcast_parameters
+from .. import UsageError
 
 
 class ManualJoinHook(JoinHook):

@@ -5,20 +5,18 @@
 Real training code writes `DDP(model, device_ids=[local_rank])`. Swap in a minddp class
 and that line must still work, and a call that stock refuses must be refused the same
 way (the same exception type and message), so nothing differs silently. Not part of the
-lesson: naive.py and bucketed.py call these in one line each.
+lesson: ManualDDP (ddp.py) calls them before handing the module to BucketedDDP.
 """
 
 import torch
-from torch.utils._pytree import tree_map
 
-from .errors import UsageError
-from .workarounds import import_dynamo_first
+from .. import UsageError
+from .. import launch  # noqa: F401  (it imports torch._dynamo: see below)
 
 # Training code imports its DDP class at the top, before it creates its process group
 # (init_process_group). A group created before torch._dynamo is first imported outlives
-# destroy_process_group() and may abort the exit (workarounds.py); importing it now, with
-# the class, covers code that sets up and tears down its group itself.
-import_dynamo_first()
+# destroy_process_group() and may abort the exit (launch.py imports torch._dynamo first
+# for this reason); importing it with the class covers code that sets up its own group.
 
 
 def check_stock_arguments(module, device_ids=None, output_device=None):
@@ -51,25 +49,6 @@ def check_stock_arguments(module, device_ids=None, output_device=None):
                 f" {set(p.device for p in params)}.")
         return None
     return [torch._utils._get_device_index(d, True) for d in device_ids]
-
-
-def move_to_device(args, kwargs, device_ids):
-    """The inputs moved to device_ids[0] (stock's forward does this when device_ids is set)."""
-    if not device_ids:
-        return args, kwargs
-    device = torch.device("cuda", device_ids[0])
-    move = lambda x: x.to(device) if isinstance(x, torch.Tensor) else x  # noqa: E731
-    return tree_map(move, args), tree_map(move, kwargs)
-
-
-def missing_gradients_error(missing):
-    """The error for parameters that require grad but got none in a synced backward."""
-    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-    return UsageError(f"parameter {missing[0]!r} requires grad but got no gradient in this"
-                      f" backward{more}",
-                      hint="use it in forward so it reaches the loss, or freeze it with"
-                           " requires_grad_(False) before wrapping the model (or pass"
-                           " find_unused_parameters=True to ManualDDP, as to stock DDP)")
 
 
 # Stock arguments ManualDDP does not implement: a value other than the default is refused.

@@ -24,9 +24,12 @@ import sys
 import threading
 import traceback
 
-EXIT_USAGE = 2
-EXIT_COLLECTIVE = 1
-EXIT_CRASH = 1
+from .. import UsageError  # the lessons' one error type; this file turns it into an exit
+
+# Every exit status minddp's scripts give, in one place:
+EXIT_FAILURE = 1  # a collective that failed, or any other error while a group lives
+EXIT_USAGE = 2  # a UsageError: the command line, the data or the machine (argparse's, too)
+EXIT_INJECTED_CRASH = 17  # faults.py's crash on purpose, so a test tells it from a bug
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 # How gloo and nccl word "your peer is gone": a dead peer closes its sockets at once; a
@@ -34,24 +37,6 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 _COLLECTIVE_FAILURES = ("Timed out", "timed out", "Connection closed by peer",
                         "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
                         "Watchdog caught collective operation timeout")
-
-
-class UsageError(RuntimeError):
-    """A mistake in how a run was set up, with a hint on how to fix it.
-
-    `same_on_every_rank=True` marks errors that every rank detects alike (a property
-    of the data or the command line): only rank 0 prints those, so six ranks do not
-    print the same line six times.
-    """
-
-    def __init__(self, message, hint="", same_on_every_rank=False):
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-        self.same_on_every_rank = same_on_every_rank
-
-    def __str__(self):
-        return self.message + (f" (hint: {self.hint})" if self.hint else "")
 
 
 class CollectiveFailure(RuntimeError):
@@ -92,14 +77,13 @@ def exit_on_failure():
     except CollectiveFailure as err:
         _exit_collective(str(err), err.hint)
     except Exception as err:
-        import torch.distributed as dist
-        if not (dist.is_available() and dist.is_initialized()):
+        if not _group_alive():
             raise
         text = str(err)
         if any(marker in text for marker in _COLLECTIVE_FAILURES):
             _exit_collective(text)
         traceback.print_exc()
-        _hard_exit(EXIT_CRASH)
+        _hard_exit(EXIT_FAILURE)
     finally:
         if main:
             signal.signal(signal.SIGINT, previous)
@@ -122,10 +106,9 @@ def _exit_usage(err):
     # collective. Leave the group as a clean run would: the traceback's frames hold
     # the model, so free them first (the order launch.ddp_teardown explains).
     traceback.clear_frames(err.__traceback__)
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
+    if _group_alive():
         gc.collect()
-        dist.destroy_process_group()
+        sys.modules["torch.distributed"].destroy_process_group()
     sys.exit(EXIT_USAGE)
 
 
@@ -143,7 +126,13 @@ def _exit_collective(text, hint=None):
     # The group is broken: no destroy_process_group() (it may wait for the peer that is
     # gone), and no interpreter teardown either, whose C++ destructors would meet the
     # group's still-running threads and abort ("terminate called ...", SIGABRT).
-    _hard_exit(EXIT_COLLECTIVE)
+    _hard_exit(EXIT_FAILURE)
+
+
+def _group_alive():
+    # Without importing torch: a command-line mistake is refused before torch ever loads.
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def _hard_exit(status):

@@ -1,8 +1,8 @@
 """Pictures: the overlap timeline and the memory each ZeRO stage keeps per rank, as PNG files.
 
-    python -m minddp.timeline --size 17M --world-size 2 --png docs/timeline.png
-    python -m minddp.timeline --trace runs/lesson.json --png runs/lesson.png
-    python -m minddp.fsdp_bench --png docs/zero-memory.png
+    minddp timeline --size 17M --world-size 2 --png docs/timeline.png
+    minddp timeline --trace runs/lesson.json --png runs/lesson.png
+    minddp fsdp-bench --png docs/zero-memory.png
 
 Both draw measurements, never a formula: the timeline the recorded events of one step,
 the memory bars the bytes fsdp_bench counted on each rank. matplotlib is optional
@@ -11,7 +11,7 @@ Each draw function returns what it drew, read back from the figure, so that a te
 compare the picture with the measurements.
 """
 
-from .errors import UsageError
+from .. import UsageError
 from .overlap import COMM, COMPUTE
 
 COLORS = {"backward": "#4c72b0", "blocked": "#c44e52", "optimizer step": "#8172b2",

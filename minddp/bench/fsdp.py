@@ -1,12 +1,12 @@
 """What each ZeRO stage keeps per rank, what it sends, and its step time beside stock fully_shard.
 
-    python -m minddp.fsdp_bench                          # 1, 2 and 4 gloo ranks, started here
-    python -m minddp.fsdp_bench --world-sizes 2 --sizes 4M --rounds 10
-    python -m minddp.fsdp_bench --sizes 4M --png runs/zero-memory.png   # the picture
+    minddp fsdp-bench                          # 1, 2 and 4 gloo ranks, started here
+    minddp fsdp-bench --world-sizes 2 --sizes 4M --rounds 10
+    minddp fsdp-bench --sizes 4M --png runs/zero-memory.png   # the picture
 
-AdamW on the benchmark's MLPs (bench.py), six ways: DDP (ManualDDP), ZeRO-1 (ManualDDP with
+AdamW on the benchmark's MLPs (harness.py), six ways: DDP (ManualDDP), ZeRO-1 (ManualDDP with
 ShardedOptimizer), FSDP with reshard_after_forward=False (weights kept from forward to
-backward: ZeRO-2-like) and True (ZeRO-3), each as minddp's fully_shard and stock's; every
+backward: ZeRO-2-like) and True (ZeRO-3), each as the lesson's fully_shard and stock's; every
 Linear layer is a unit. Per rank, the largest over ranks, in MB:
 
   params      parameter tensors held between steps (whole, or this rank's shards)
@@ -22,25 +22,48 @@ collectives, counted. Step times: medians over rounds in a shuffled order, as ra
 stock fully_shard (ZeRO-3) in the same run.
 """
 
-import contextlib
-import copy
-import functools
-import json
-import statistics
+from . import bench_parser
 
-import torch
-import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard as stock_fully_shard
-from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
-from .bench import (SIZES, collect_rows, common_parser, machine, mlp, print_table, time_steps,
-                    timed_rounds)
-from .cli import check_output_path
-from .ddp import ManualDDP
-from .errors import exit_on_usage_error
-from .fsdp import Unit, fully_shard
-from .pictures import draw_memory, require_matplotlib
-from .zero import ShardedOptimizer
+def parse(argv=None):
+    parser = bench_parser(__doc__, "minddp fsdp-bench", [1, 2, 4])
+    parser.add_argument("--json", metavar="PATH", help="also write the rows, unrounded, to PATH")
+    parser.add_argument("--png", metavar="PATH",
+                        help="draw the bytes per rank as stacked bars (matplotlib; the last"
+                             " --sizes model's rows)")
+    args = parser.parse_args(argv)
+    from ..run.cli import check_output_path
+    from ..run.errors import exit_on_usage_error
+    from ..tools.pictures import require_matplotlib
+    with exit_on_usage_error():  # before any rank starts: one line, exit 2
+        if args.png:
+            require_matplotlib()
+        for flag in ("json", "png"):
+            if getattr(args, flag):
+                check_output_path(getattr(args, flag), f"--{flag}")
+    return args
+
+
+if __name__ == "__main__":
+    ARGS = parse()  # before torch loads: a typo costs a moment, not torch's import time
+
+
+import contextlib  # noqa: E402
+import copy  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.fsdp import fully_shard as stock_fully_shard  # noqa: E402
+
+from ..dropin.ddp import ManualDDP  # noqa: E402
+from ..fsdp import Unit, fully_shard  # noqa: E402
+from ..tools.pictures import draw_memory  # noqa: E402
+from ..zero import ShardedOptimizer  # noqa: E402
+from . import SIZES, stock_fsdp  # noqa: E402
+from .harness import collect_rows, machine, mlp, print_table, time_steps, timed_rounds  # noqa: E402
 
 WAYS = ["DDP", "ZeRO-1", "FSDP no reshard", "stock no reshard", "FSDP", "stock fully_shard"]
 # The collectives' names (torch 2.13 and older), and per byte passed, bytes a rank sends on a
@@ -90,8 +113,9 @@ class Peak:
 @contextlib.contextmanager
 def sampling_after_gathers(peak):
     """Both fully_shards, patched for the run: sample `peak` right after each unshard."""
+    stock_class, stock_method = stock_fsdp.unshard_done_method()
     originals = {(Unit, "unshard"): Unit.unshard,
-                 (FSDPParamGroup, "wait_for_unshard"): FSDPParamGroup.wait_for_unshard}
+                 (stock_class, stock_method): getattr(stock_class, stock_method)}
 
     def sampled(original):
         @functools.wraps(original)
@@ -138,10 +162,7 @@ def whole_weights(way, model):
     if way.startswith("FSDP"):
         return [p.full for m in model.modules() if hasattr(m, "_fsdp_unit")
                 for p in m._fsdp_unit.params]
-    return [fp._unsharded_param for m in model.modules()
-            if hasattr(m, "_get_fsdp_state") and m._get_fsdp_state()._fsdp_param_group
-            for fp in m._get_fsdp_state()._fsdp_param_group.fsdp_params
-            if hasattr(fp, "_unsharded_param")]
+    return stock_fsdp.whole_weights(model)
 
 
 def fsdp_size(size, args, rank, world_size, device):
@@ -203,19 +224,7 @@ def table_row(r):
             f"{r['ms']:.2f}", f"{r['vs stock']:.2f}x"]
 
 
-def main():
-    parser = common_parser(__doc__, [1, 2, 4])
-    parser.add_argument("--json", metavar="PATH", help="also write the rows, unrounded, to PATH")
-    parser.add_argument("--png", metavar="PATH",
-                        help="draw the bytes per rank as stacked bars (matplotlib; the last"
-                             " --sizes model's rows)")
-    args = parser.parse_args()
-    with exit_on_usage_error():  # before any rank starts: one line, exit 2
-        if args.png:
-            require_matplotlib()
-        for flag in ("json", "png"):
-            if getattr(args, flag):
-                check_output_path(getattr(args, flag), f"--{flag}")
+def main(args):
     rows = collect_rows(args, fsdp_size)
     if rows is None:
         return  # a rank other than 0, under torchrun
@@ -230,4 +239,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

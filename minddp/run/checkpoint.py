@@ -20,8 +20,8 @@ import os
 
 import torch
 
-from .errors import UsageError
-from .launch import get_rank, print0
+from .. import UsageError
+from ..launch import get_rank, print0
 
 FORMAT = "minddp-checkpoint/2"
 

@@ -2,15 +2,15 @@
 
     torchrun --nproc_per_node=2 examples/fsdp.py --grad-table runs/fsdp.txt   # full_gradients
 
-fsdp.py keeps each parameter as this rank's block of rows. Saving a checkpoint that any
-world size can load, or comparing gradients with DDP's, needs the whole tensors: one
-all_gather per parameter puts the blocks back together (and drops the padding rows);
-loading cuts each whole tensor into the same blocks again.
+fsdp.py (and minddp.fully_shard on top of it) keeps each parameter as this rank's block of
+rows. Saving a checkpoint that any world size can load, or comparing gradients with DDP's,
+needs the whole tensors: one all_gather per parameter puts the blocks back together (and
+drops the padding rows); loading cuts each whole tensor into the same blocks again.
 """
 
 import torch
-
-from .fsdp import _all_gather, _padded_rows, _units
+import torch.distributed as dist
+import torch.nn.functional as F
 
 
 @torch.no_grad()
@@ -39,19 +39,21 @@ def load_full_state_dict(module, state_dict):
 
 @torch.no_grad()
 def full_gradients(module):
-    """{name: whole gradient or None} for every parameter (gradient tables compare these).
+    """{name: whole gradient} for every parameter (gradient tables compare these).
 
-    Collective: call on every rank.
+    Collective: call on every rank. None for a parameter without a gradient (a sharded one
+    that requires grad but got none on some rank: NaN, its whole shape).
     """
-    return {name: _gather(unit, p, p.shard.grad) if p and p.shard.grad is not None
-            else (None if p else t.grad)
+    return {name: _gather(unit, p, p.shard.grad if p.shard.grad is not None
+                          else torch.full_like(p.shard, float("nan")))
+            if p and p.shard.requires_grad else (None if p else t.grad)
             for name, t, unit, p in _entries(module, params_only=True)}
 
 
 def _entries(module, params_only=False):
     """(name, tensor, unit, _Param or None) for module's state_dict entries, shards resharded."""
     shards = {}
-    for unit in _units(module):
+    for unit in [m._fsdp_unit for m in module.modules() if hasattr(m, "_fsdp_unit")]:
         unit.reshard()  # a unit kept unsharded (the root, after forward) shows its shards again
         shards.update({id(p.shard): (unit, p) for p in unit.params})
     if params_only:
@@ -63,10 +65,11 @@ def _entries(module, params_only=False):
 
 def _gather(unit, p, shard):
     """All-gather one parameter's blocks (or its gradient's) into the whole tensor."""
-    block = _padded_rows(shard.detach(), p.rows)
-    whole = block.new_empty(unit.world_size * p.rows, *block.shape[1:])
+    shard = shard.detach()
+    block = F.pad(shard.reshape(len(shard), -1), (0, 0, 0, p.rows - len(shard)))  # zero rows
+    whole = block.new_empty(unit.world_size * p.rows, *shard.shape[1:])
     if unit.world_size > 1:
-        _all_gather(whole, block, group=unit.group)
+        dist.all_gather_single(whole, block.view(p.rows, *shard.shape[1:]), group=unit.group)
     else:
-        whole.copy_(block)
+        whole.view(-1).copy_(block.view(-1))
     return whole[:p.full.shape[0]]

@@ -1,6 +1,6 @@
 """Reading a timeline: the overlap figure, and a text picture of one step.
 
-    python -m minddp.timeline --size 17M --world-size 2
+    minddp timeline --size 17M --world-size 2
 
 `events` are one rank's records from minddp.timeline (dicts: step, track, name, ts, dur in
 microseconds, args). The overlap figure is the share of a step's communication time that

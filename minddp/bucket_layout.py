@@ -1,6 +1,6 @@
-"""Gradient buckets: many small all_reduces packed into a few large ones, stock DDP's way.
+"""The bucket layout: many small all_reduces packed into a few large ones, stock DDP's way.
 
-    python -m minddp.bench --contenders naive bucketed stock    # what buckets buy, timed
+    minddp bench --contenders naive bucketed stock    # what buckets buy, timed
 
 Each all_reduce pays a fixed cost (a round trip between ranks, a kernel launch) on top of
 its bytes. A model with hundreds of parameters pays it hundreds of times per step when
@@ -12,12 +12,12 @@ Everything here copies PyTorch's reducer (torch/csrc/distributed/c10d/reducer.cp
 DistributedDataParallel._ddp_init_helper), down to the byte offsets. That is not pedantry:
 with three or more ranks an all_reduce adds each element's addends in an order that
 depends on where the element sits in the buffer, so the same layout is what makes
-ManualDDP's gradients bitwise equal to stock's (tests/test_buckets.py).
+BucketedDDP's gradients bitwise equal to stock's (tests/test_buckets.py).
 """
 
 import torch
 
-from .errors import UsageError
+from . import UsageError
 
 MB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25  # stock's bucket_cap_mb
@@ -34,23 +34,16 @@ def bucket_size_limits(bucket_cap_mb=None):
     return [int(bucket_cap_mb * MB)]
 
 
-def assign_buckets(params, size_limits, order=None, sparse=()):
+def assign_buckets(params, size_limits, order=None):
     """Split parameter indices into buckets: reducer.cpp's compute_bucket_assignment_by_size.
 
     Walk the parameters in `order` (default: 0, 1, 2, ...), adding each to the open bucket
     of its dtype and device; close a bucket once it holds at least the current limit,
-    then move to the next limit (the last one repeats). A parameter whose index is in
-    `sparse` gets a bucket of its own. Returns lists of indices.
+    then move to the next limit (the last one repeats). Returns lists of indices.
     """
     buckets, open_buckets = [], {}
     for i in (range(len(params)) if order is None else order):
         p = params[i]
-        if i in sparse:
-            # A sparse gradient is a list of (row index, row) pairs whose count changes
-            # from step to step: it has no fixed place in a flat buffer, so it travels
-            # alone, as a sparse tensor (ManualDDP all-reduces it as one).
-            buckets.append([i])
-            continue
         # One flat buffer holds one dtype on one device, so those are kept apart.
         b = open_buckets.setdefault((p.dtype, p.device), {"indices": [], "bytes": 0, "limit": 0})
         b["indices"].append(i)
@@ -90,61 +83,9 @@ class Bucket:
         return self.flat.numel() * self.flat.element_size()
 
 
-class GradBucket:
-    """What a communication hook receives: stock's `dist.GradBucket`, in Python.
-
-    PyTorch's own hooks (allreduce_hook, fp16_compress_hook, ...) call these methods, so
-    they run on ManualDDP unchanged. A new one per hook call, as in stock: a hook may
-    set_buffer() a compressed copy without touching the bucket itself.
-    """
-
-    def __init__(self, bucket, index, count):
-        self._bucket, self._index, self._count = bucket, index, count
-        self._buffer = bucket.flat
-
-    def buffer(self):
-        return self._buffer
-
-    def set_buffer(self, tensor):
-        self._buffer = tensor
-
-    def index(self):
-        return self._index
-
-    def is_last(self):
-        return self._index == self._count - 1
-
-    def parameters(self):
-        return list(self._bucket.params)
-
-    def gradients(self):
-        return self._bucket.views_of(self._buffer)
-
-    def lengths(self):
-        return [p.numel() for p in self._bucket.params]
-
-    def offsets(self):
-        return [sum(self.lengths()[:i]) for i in range(len(self._bucket.params))]
-
-    def sizes_list(self):
-        return [p.shape for p in self._bucket.params]
-
-
 def check_bucketable(names, params):
     """Refuse, naming it, a parameter that no flat bucket can hold."""
     for name, p in zip(names, params):
         if p.layout != torch.strided:
             raise UsageError(f"parameter {name!r} is a {p.layout} tensor: ManualDDP's buckets"
                              f" hold dense (strided) parameters", hint="make it a dense parameter")
-
-
-def aliases(a, b):
-    """Do two tensors share memory (stock's is_alias_of)?"""
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-
-
-def expects_sparse_gradient(module, param):
-    """Will `param` get a sparse gradient? (nn.Embedding / EmbeddingBag with sparse=True)"""
-    return any(getattr(m, "sparse", False) is True and m.weight is param
-               for m in module.modules()
-               if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)))

@@ -1,7 +1,7 @@
 """Compare two gradient tables element by element.
 
-    python -m minddp.diff manual.txt stock.txt                 # identical bits, or not
-    python -m minddp.diff manual.txt stock.txt --atol 1e-6     # close enough
+    minddp diff runs/manual.txt runs/stock.txt                 # identical bits, or not
+    minddp diff runs/manual.txt runs/stock.txt --atol 1e-6     # close enough
 
 Exit status: 0 identical (or within --atol/--rtol when given), 1 they differ,
 2 a table is unreadable or the runs are not comparable (world size, steps, parameters).
@@ -13,13 +13,13 @@ add in another order and disagree by an ulp or so. "max ulps" below counts that 
 in units in the last place, so rounding noise (a few ulps) is easy to tell from a bug.
 """
 
-import argparse
 import sys
 
 import numpy as np
 from tabulate import tabulate
 
-from .gradtable import TableError, read_table
+from ..run.cli import ArgumentParser
+from .tables import TableError, read_table
 
 
 def ulp_distance(a, b):
@@ -115,8 +115,7 @@ def constant_factor(grads_a, grads_b, step):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m minddp.diff",
-                                     description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="minddp diff", description=__doc__.split("\n\n")[0])
     parser.add_argument("a", help="gradient table of run A (PATH or PATH.npz)")
     parser.add_argument("b", help="gradient table of run B")
     parser.add_argument("--atol", type=float,
@@ -128,7 +127,7 @@ def main(argv=None):
         meta_b, grads_b = read_table(args.b)
         rows, verdict, onset = compare(meta_a, grads_a, meta_b, grads_b, args.atol, args.rtol)
     except TableError as err:
-        print(f"minddp.diff: {err}", file=sys.stderr)
+        print(f"minddp diff: {err}", file=sys.stderr)
         print("---> HINT: record both runs with --grad-table PATH,"
               " at the same world size and steps",
               file=sys.stderr)

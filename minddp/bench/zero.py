@@ -1,9 +1,9 @@
 """What ZeRO-1 saves: optimizer-state bytes per rank, and what it costs in step time.
 
-    python -m minddp.zero_bench                        # 1, 2 and 4 gloo ranks, started here
-    python -m minddp.zero_bench --world-sizes 2 --sizes 4M
+    minddp zero-bench                        # 1, 2 and 4 gloo ranks, started here
+    minddp zero-bench --world-sizes 2 --sizes 4M
 
-AdamW on the benchmark's MLPs (bench.py), ManualDDP averaging the gradients, three ways
+AdamW on the benchmark's MLPs (harness.py), ManualDDP averaging the gradients, three ways
 to update the weights: the full optimizer on every rank, minddp's ShardedOptimizer and
 PyTorch's ZeroRedundancyOptimizer. "state MB" counts the optimizer-state tensors this
 rank holds (AdamW: two per parameter, plus a step count); "largest / mean" compares the
@@ -11,16 +11,28 @@ largest rank's state with the average, since whole parameters cannot be split ev
 Step times are medians over rounds in a shuffled order, as ratios to the full optimizer.
 """
 
-import copy
-import statistics
+from . import bench_parser
 
-import torch
-import torch.distributed as dist
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from .bench import SIZES, collect_rows, common_parser, mlp, print_table, time_steps, timed_rounds
-from .ddp import ManualDDP
-from .zero import ShardedOptimizer
+def parse(argv=None):
+    return bench_parser(__doc__, "minddp zero-bench", [1, 2, 4]).parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse()  # before torch loads: a typo costs a moment, not torch's import time
+
+
+import copy  # noqa: E402
+import statistics  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: E402
+
+from ..dropin.ddp import ManualDDP  # noqa: E402
+from ..zero import ShardedOptimizer  # noqa: E402
+from . import SIZES  # noqa: E402
+from .harness import collect_rows, mlp, print_table, time_steps, timed_rounds  # noqa: E402
 
 WAYS = ["full AdamW", "ShardedOptimizer", "ZeroRedundancyOptimizer"]
 
@@ -71,12 +83,11 @@ HEADERS = ["ranks", "model", "optimizer", "state MB (largest rank)", "largest / 
            "state MB (all ranks)", "median ms/step", "vs full"]
 
 
-def main():
-    args = common_parser(__doc__, [1, 2, 4]).parse_args()
+def main(args):
     rows = collect_rows(args, zero_size)
     if rows is not None:
         print_table(args, rows, HEADERS, what="optimizer")
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

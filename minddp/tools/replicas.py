@@ -18,8 +18,8 @@ import hashlib
 import torch
 import torch.distributed as dist
 
-from .broadcast import check_same_model
-from .errors import UsageError
+from ..broadcast import check_same_model
+from .. import UsageError
 
 
 class ReplicaError(UsageError):

@@ -14,7 +14,30 @@ import difflib
 import os
 import tempfile
 
-from .errors import UsageError
+from .. import UsageError
+from .errors import exit_on_usage_error
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, answering a mistake in one line and a hint, with the nearest flag: exit 2.
+
+    Import it without torch (it needs none): every runner and example parses its flags
+    before torch loads, so a typo is refused in a moment even on a busy machine.
+    """
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized argument {unknown[0]!r}", unknown[0])
+        return parsed
+
+    def error(self, message, given=None):
+        close = difflib.get_close_matches((given or "").split("=")[0], self.flags(), n=1)
+        hint = (f"did you mean {close[0]}? " if close else "") + f"{self.prog} --help lists them"
+        self.exit(2, f"error: {message}\n---> HINT: {hint}\n")
+
+    def flags(self):
+        return [o for action in self._actions for o in action.option_strings]
 
 
 def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=False):
@@ -23,8 +46,8 @@ def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=Fal
     timeline, accumulate, restart, fsdp: add the flags of the examples with those features
     (fsdp.py has no --check-replicas: its ranks hold different shards by design).
     """
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=doc.split("\n\n")[0],
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=3, help="passes over the training set")
     parser.add_argument("--seed", type=int, default=123,
                         help="torch.manual_seed before data and model")
@@ -79,7 +102,15 @@ MOVED = {"--accumulate": "accumulate.py", "--checkpoint": "restart.py",
 
 
 def parse_checked(parser, argv=None):
-    """parse_args(), then refuse (UsageError: one line, a hint, exit 2) what cannot work."""
+    """parse_args(), then refuse what cannot work: one line, a hint, exit 2 (once, not per rank).
+
+    It needs no torch: call it first, and a typo is refused before torch is imported.
+    """
+    with exit_on_usage_error():
+        return _checked(parser, argv)
+
+
+def _checked(parser, argv):
     args, unknown = parser.parse_known_args(argv)
     for arg in unknown:
         flag = arg.split("=")[0]
@@ -90,8 +121,7 @@ def parse_checked(parser, argv=None):
                              same_on_every_rank=True)
     if unknown:
         # Said once (not once per rank under torchrun), with the nearest flag this example has.
-        known = [o for action in parser._actions for o in action.option_strings]
-        close = difflib.get_close_matches(unknown[0].split("=")[0], known, n=1)
+        close = difflib.get_close_matches(unknown[0].split("=")[0], parser.flags(), n=1)
         raise UsageError(f"unrecognized argument {unknown[0]!r}",
                          hint=(f"did you mean {close[0]}? " if close else "")
                          + f"{parser.prog} --help lists the flags", same_on_every_rank=True)

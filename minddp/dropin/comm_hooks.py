@@ -1,6 +1,6 @@
 """A communication hook written out: what DDP does with one bucket, in a few lines.
 
-    python -m minddp.bench --contenders bucketed "bucketed fp16" stock "stock fp16"
+    minddp bench --contenders bucketed "bucketed fp16" stock "stock fp16"
 
 A comm hook replaces DDP's "all_reduce this bucket" with your own function:
 hook(state, bucket) -> Future[Tensor], where the future's tensor is the reduced bucket.
@@ -12,7 +12,7 @@ bitwise equal to PyTorch's own fp16_compress_hook (tests/test_contract.py).
 import torch
 import torch.distributed as dist
 
-from .errors import UsageError
+from .. import UsageError
 
 
 def fp16_mean_hook(group, bucket):

@@ -10,10 +10,9 @@ import os
 
 import torch.distributed as dist
 
-from .errors import UsageError
-from .launch import get_rank, print_rank
-
-EXIT_CRASH = 17  # the injected crash's exit status, so a test can tell it from a bug
+from .. import UsageError
+from ..launch import get_rank, print_rank
+from .errors import EXIT_INJECTED_CRASH
 
 
 def check_crash_step(crash_at_step, total_steps):
@@ -41,4 +40,4 @@ def crash_if_asked(step, crash_at_step, crash_rank=None):
         return
     print_rank(f"--crash-at-step {step}: exiting abruptly")
     # os._exit: no cleanup, no exception handlers, no atexit, like a killed process.
-    os._exit(EXIT_CRASH)
+    os._exit(EXIT_INJECTED_CRASH)

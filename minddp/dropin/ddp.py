@@ -1,12 +1,12 @@
 """ManualDDP: stock DistributedDataParallel's whole constructor and knobs, on top of BucketedDDP.
 
-    torchrun --nproc_per_node=2 examples/restart.py --checkpoint runs/ck.pt   # wraps with this
+    torchrun --nproc_per_node=2 examples/uneven.py --join                     # wraps with this
     pytest tests/test_contract.py tests/test_dropin.py                       # knob by knob
 
-Read bucketed.py first: the algorithm is there, and nothing here changes it. This file is
-what makes the algorithm a drop-in for `torch.nn.parallel.DistributedDataParallel`:
+Read minddp/bucketed.py first: the algorithm is there, and nothing here changes it. This file
+is what makes the algorithm a drop-in for `torch.nn.parallel.DistributedDataParallel`:
 stock's signature (the same arguments in the same order, refused as stock refuses them,
-compat.py) and stock's knobs, each in one method below, each bitwise equal to stock with
+checks.py) and stock's knobs, each in one method below, each bitwise equal to stock with
 the same setting (tests/test_contract.py; what each does: docs/buckets.md).
 """
 
@@ -15,11 +15,11 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from .bucketed import BucketedDDP
-from .buckets import GradBucket, aliases, assign_buckets, expects_sparse_gradient
-from .compat import refuse_unimplemented
-from .errors import UsageError
-from .hooks import hook_result
+from ..bucketed import BucketedDDP
+from .buckets import GradBucket, aliases, assign_buckets_with_sparse, expects_sparse_gradient
+from .checks import check_stock_arguments, refuse_unimplemented
+from .. import UsageError
+from .comm_hooks import hook_result
 from .join import JoinableDDP, join_forward
 from .unused import unused_parameters
 
@@ -31,7 +31,7 @@ class ManualDDP(BucketedDDP, JoinableDDP):
       broadcast_buffers / forward_sync_buffers  rank 0's buffers before each training forward
       gradient_as_bucket_view  .grad *is* the bucket's view: no copy, half the gradient memory
       find_unused_parameters   parameters outside this step's graph: marked ready, a used map
-      register_comm_hook(state, hook)  reduce each bucket your own way (minddp/hooks.py)
+      register_comm_hook(state, hook)  reduce each bucket your own way (comm_hooks.py)
       sparse gradients (nn.Embedding(sparse=True))  each in a bucket of its own, sent sparse
       device_ids / output_device  checked as stock checks them; inputs moved to device_ids[0]
       init_sync=False  no broadcast at construction;  join()  uneven inputs (join.py)
@@ -56,8 +56,8 @@ class ManualDDP(BucketedDDP, JoinableDDP):
         # before each forward; forward_sync_buffers=False only the latter.
         at_init = True if forward_sync_buffers is not None else broadcast_buffers is not False
         self.gradient_as_bucket_view = gradient_as_bucket_view  # read by _build_buckets below
-        super().__init__(module, device_ids, output_device, dim, at_init, init_sync,
-                         process_group, bucket_cap_mb)
+        super().__init__(module, check_stock_arguments(module, device_ids, output_device),
+                         at_init, init_sync, process_group, bucket_cap_mb)
         self.broadcast_buffers = (at_init if forward_sync_buffers is None
                                   else forward_sync_buffers)
         self.dim = dim  # stock scatters inputs along dim for multi-device modules only
@@ -79,18 +79,19 @@ class ManualDDP(BucketedDDP, JoinableDDP):
             # Which parameters take part may change every step, so one step's arrival order
             # says little about the next: stock sizes the buckets once, last parameters
             # first, and never rebuilds them.
-            self._build_buckets(assign_buckets(self._params, self.size_limits,
-                                               sparse=self._sparse)[::-1])
+            self._build_buckets(assign_buckets_with_sparse(self._params, self.size_limits,
+                                                           sparse=self._sparse)[::-1])
             self._rebuilt = True
         elif self._sparse:
-            self._build_buckets(assign_buckets(self._params, [float("inf")], sparse=self._sparse))
+            self._build_buckets(assign_buckets_with_sparse(self._params, [float("inf")],
+                                                         sparse=self._sparse))
 
     # --- register_comm_hook: a bucket reduced by your function instead of all_reduce ---
 
     def register_comm_hook(self, state, hook):
         """Reduce each bucket with hook(state, bucket) -> Future[Tensor], stock's signature.
 
-        The hook gets the bucket's buffer undivided: averaging is its job (minddp/hooks.py).
+        The hook gets the bucket's buffer undivided: averaging is its job (comm_hooks.py).
         """
         if self._comm_hook is not None:
             raise UsageError("register_comm_hook can only be called once",
@@ -147,8 +148,8 @@ class ManualDDP(BucketedDDP, JoinableDDP):
         if self._rebuilt or len(self._arrival_order) != len(self._params):
             return
 
-        self._build_buckets(assign_buckets(self._params, self.size_limits, self._agreed_order(),
-                                           sparse=self._sparse))  # sparse ones stay apart
+        self._build_buckets(assign_buckets_with_sparse(
+            self._params, self.size_limits, self._agreed_order(), sparse=self._sparse))
         self._rebuilt = True
 
     # --- find_unused_parameters: who took part in this step ---
@@ -239,9 +240,3 @@ class ManualDDP(BucketedDDP, JoinableDDP):
         self._still_training = None
         self._used.zero_()
         self._unused = []
-
-    # --- stock's other public members ---
-
-    def _set_static_graph(self):
-        """Stock's late form of static_graph=True: refused, as the argument is."""
-        refuse_unimplemented(static_graph=True)

@@ -1,0 +1,48 @@
+"""The `minddp` command: every tool of the project, one subcommand each.
+
+    minddp --help
+    minddp diff runs/manual.txt runs/stock.txt
+    python -m minddp diff runs/manual.txt runs/stock.txt    # the same, without the entry point
+
+Each subcommand runs its module as a script (its own --help, flags and exit status), so
+`minddp timeline ...` and `python -m minddp.bench.timeline ...` are one program.
+"""
+
+import difflib
+import runpy
+import sys
+
+COMMANDS = {  # subcommand: (module, what it does)
+    "diff": ("minddp.tools.diff", "compare two gradient tables, element by element"),
+    "timeline": ("minddp.bench.timeline", "when backward computes and each all-reduce runs"),
+    "bench": ("minddp.bench.ddp", "step time: naive, bucketed and stock DDP, as ratios"),
+    "zero-bench": ("minddp.bench.zero", "ZeRO-1: optimizer state per rank, step time"),
+    "fsdp-bench": ("minddp.bench.fsdp", "DDP, ZeRO-1/2/3 and stock fully_shard: bytes and time"),
+}
+
+
+def usage():
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
+    return ("usage: minddp COMMAND [flags]   (minddp COMMAND --help: its flags)\n\n"
+            "commands:\n" + "\n".join(lines) + "\n")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), end="")
+        return 0
+    if argv[0] not in COMMANDS:
+        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+        print(f"error: unknown command {argv[0]!r}", file=sys.stderr)
+        print(f"---> HINT: {'did you mean ' + close[0] + '? ' if close else ''}"
+              f"minddp --help lists the commands", file=sys.stderr)
+        return 2
+    sys.argv = [f"minddp {argv[0]}", *argv[1:]]
+    runpy.run_module(COMMANDS[argv[0]][0], run_name="__main__", alter_sys=True)  # it exits itself
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

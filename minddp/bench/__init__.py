@@ -1,0 +1,35 @@
+"""The benchmarks: what each lesson costs, measured beside stock PyTorch in the same run.
+
+For anyone who asks "and how fast is it?". One shared harness (harness.py: the models, a
+timed step, rounds in a shuffled order, ranks started here or by torchrun), then one
+benchmark per lesson, each a `minddp` subcommand: `minddp bench` (DDP: naive, bucketed,
+stock), `minddp zero-bench` (ZeRO-1), `minddp fsdp-bench` (FSDP: bytes per rank, bytes
+sent, step time) and `minddp timeline` (when backward computes and each all-reduce runs).
+Times are reported as ratios to stock's, never asserted by a test. Stock's private FSDP
+internals, which the memory figures need, are read in one place: stock_fsdp.py.
+
+This file holds what the runners need before torch is imported, so that a mistyped flag
+is refused at once: the model sizes and the flags every benchmark shares.
+"""
+
+from ..run.cli import ArgumentParser
+
+SIZES = {"0.3M": (256, 4), "4M": (1024, 4), "17M": (2048, 4)}  # name: (width, layers) of an MLP
+
+
+def bench_parser(doc, prog, default_world_sizes):
+    """The flags every benchmark shares (parse with .parse_args(): a typo names the nearest)."""
+    parser = ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--world-sizes", nargs="+", type=int, default=default_world_sizes,
+                        help="started here, one after another (ignored under torchrun)")
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--batch", type=int, default=64, help="rows per step and rank")
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per contender per round")
+    parser.add_argument("--rounds", type=int, default=60, help="rounds of alternating contenders")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per contender first")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per rank (0: cores / ranks)")
+    parser.add_argument("--format", default="simple", help="tabulate format, e.g. github for docs")
+    return parser

@@ -1,0 +1,118 @@
+"""The benchmarks' shared harness: the models, one timed step, rounds in a shuffled order, ranks.
+
+    minddp bench                  # the DDP benchmark (bench/ddp.py), which uses this harness
+
+One "step" is what a training loop does per batch: zero_grad, forward, loss, backward
+(which, with a DDP wrapper, includes averaging the gradients), optimizer.step(). The
+contenders are timed in one run, on the same machine, one step each per round, in a
+shuffled order, so a slow minute (another process, a thermal dip) hits all of them alike.
+A step's time is the slowest rank's (the job waits for it); each benchmark reports medians
+over rounds, as ratios to stock's in the same run.
+"""
+
+import os
+import platform
+import random
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from tabulate import tabulate
+
+from . import SIZES
+from ..launch import ddp_teardown
+
+def mlp(width, layers):
+    """`layers` square Linear layers with ReLU between, then a 10-way head."""
+    blocks = []
+    for _ in range(layers):
+        blocks += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*blocks, torch.nn.Linear(width, 10))
+
+
+def time_steps(model, optimizer, batches, device, world_size):
+    """Seconds per step for each batch, on this rank."""
+    times = []
+    for x, y in batches:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if world_size > 1:
+            # Start every step together: otherwise a rank that finished early waits
+            # inside the next step's all_reduce, and that wait lands on another contender.
+            dist.barrier()
+        t0 = time.perf_counter()
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the GPU runs behind the Python that launches it
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def timed_rounds(contenders, batches, rounds, device, world_size):
+    """{name: seconds per step} over `rounds` rounds; contenders: {name: (model, optimizer)}."""
+    samples = {c: [] for c in contenders}
+    for r in range(rounds):
+        # A fresh order each round (the same on every rank: same seed): each contender
+        # runs first, last, and after each of the others alike. A fixed rotation would
+        # always put the same contender after the naive one and its ten small collectives.
+        for c in random.Random(r).sample(list(contenders), len(contenders)):
+            times = torch.tensor(time_steps(*contenders[c], batches, device, world_size))
+            if world_size > 1:
+                dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+            samples[c] += times.tolist()
+    return samples
+
+
+def run_rank(rank, world_size, args, store_file, work):
+    """One rank's whole benchmark, work(size, args, rank, world_size, device) per model size."""
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world_size))
+    cuda = f"cuda:{rank % torch.cuda.device_count()}" if args.device == "cuda" else None
+    device = torch.device(cuda or args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if store_file is None:  # under torchrun
+        dist.init_process_group(args.backend)
+    else:
+        dist.init_process_group(args.backend, init_method=f"file://{store_file}",
+                                rank=rank, world_size=world_size)
+    return [row for size in args.sizes for row in work(size, args, rank, world_size, device)]
+
+
+def _spawned(rank, world_size, args, store_file, out_file, work):
+    rows = run_rank(rank, world_size, args, store_file, work)
+    if rank == 0:
+        torch.save(rows, out_file)
+    ddp_teardown()  # the models died with bench_size()'s frames: the group is the last to go
+
+
+def collect_rows(args, work):
+    """Every world size's rows (rank 0's), or None on a rank other than 0 under torchrun."""
+    if "WORLD_SIZE" in os.environ:  # torchrun started us: one world size, ours
+        rows = run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, None, work)
+        ddp_teardown()
+        return rows if int(os.environ["RANK"]) == 0 else None
+    rows = []
+    for world_size in args.world_sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "rows.pt")
+            store = os.path.join(tmp, "store")
+            mp.start_processes(_spawned, args=(world_size, args, store, out, work),
+                               nprocs=world_size, start_method="spawn")
+            rows += torch.load(out, weights_only=False)
+    return rows
+
+
+def machine(args):
+    """One line: torch, backend, device, CPUs, what the figures were measured on."""
+    return (f"torch {torch.__version__} | {args.backend} on {args.device} | {os.cpu_count()} CPUs"
+            f" {platform.machine()} | batch {args.batch}")
+
+
+def print_table(args, rows, headers, what="contender"):
+    print(f"{machine(args)} | {args.rounds} rounds x {args.steps} steps per {what}")
+    print(tabulate(rows, headers=headers, tablefmt=args.format, disable_numparse=True))

@@ -1,0 +1,14 @@
+"""Instruments: what a run did, recorded and compared, never part of the training itself.
+
+For anyone checking a lesson's claim ("bit for bit equal to stock") or looking inside a run:
+    gradtable.py      every synced gradient, per step, rank and parameter, recorded
+    tables.py         the table files (written on rank 0, read by diff; no torch needed)
+    diff.py           `minddp diff A B`: two tables element by element, and why bits differ
+    replicas.py       do all ranks hold the same weights? (check_replicas)
+    timeline.py       backward and each all-reduce recorded from outside, as a Chrome trace
+    overlap.py        reading a timeline: the overlap share, a text picture of one step
+    pictures.py       the timeline and memory pictures (PNG, matplotlib)
+    whole_tensors.py  a sharded model's whole weights and gradients (FSDP), to save and compare
+They reach the lessons only from outside (hooks registered after the wrapper's, attributes
+the wrapper left behind), so recording changes no number.
+"""

@@ -1,0 +1,118 @@
+"""The folder is the course: lessons at the top, each lesson-sized, no import back from a lesson.
+
+    pytest tests/test_layout.py
+
+- `ls minddp/` shows the lessons, __init__.py/__main__.py and at most four folders.
+- Every lesson file is at most 180 lines, docstring included.
+- The layering, read from the source (ast): a lesson imports only other lessons and the
+  package's one error type (`from . import UsageError`), never the drop-in, the instruments,
+  the benchmarks or the run support; and the FSDP lesson carries none of the drop-in's parts.
+- Old module paths (`python -m minddp.diff`, `from minddp.timeline import ...`) still work,
+  and every public name resolves to the module an editor would jump to.
+"""
+
+import ast
+import subprocess
+import sys
+
+import pytest
+
+import minddp
+from helpers import REPO
+
+PACKAGE = REPO / "minddp"
+LESSONS = sorted(p.stem for p in PACKAGE.glob("*.py") if not p.name.startswith("__"))
+FOLDERS = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
+
+
+def test_the_top_level_is_the_lessons():
+    assert set(LESSONS) == {"launch", "backends", "sampler", "broadcast", "naive",
+                            "bucket_layout", "bucketed", "zero", "fsdp"}
+    assert FOLDERS == ["bench", "dropin", "run", "tools"]
+    for folder in FOLDERS:  # each opens with a paragraph saying what it holds and for whom
+        doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text()))
+        assert doc and len(doc.splitlines()) >= 3, folder
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_a_lesson_is_lesson_sized(lesson):
+    assert len((PACKAGE / f"{lesson}.py").read_text().splitlines()) <= 180
+
+
+def _minddp_imports(path, root=REPO):
+    """(module imported, names) for every import of minddp's own code in the file (any depth)."""
+    package = path.relative_to(root).with_suffix("").parts[:-1]  # ("minddp",) or ("minddp", "x")
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            if module == "minddp" or module.startswith("minddp."):
+                yield module, [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("minddp"):
+                    yield alias.name, []
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_a_lesson_imports_only_lessons_and_the_error_type(lesson):
+    for module, names in _minddp_imports(PACKAGE / f"{lesson}.py"):
+        if module == "minddp":
+            assert set(names) <= set(LESSONS) | {"UsageError"}, (lesson, names)
+        else:
+            assert module.split(".")[1] in LESSONS, f"{lesson}.py imports {module}"
+
+
+def test_the_layering_test_catches_an_arrow_back(tmp_path):
+    bad = tmp_path / "minddp" / "naive.py"
+    bad.parent.mkdir()
+    bad.write_text("from .dropin.checks import check_stock_arguments\n"
+                   "def f():\n    from .tools import gradtable\n")
+    found = list(_minddp_imports(bad, root=tmp_path))
+    assert ("minddp.dropin.checks", ["check_stock_arguments"]) in found
+    assert ("minddp.tools", ["gradtable"]) in found
+
+
+def test_the_fsdp_lesson_holds_no_drop_in_part():
+    source = (PACKAGE / "fsdp.py").read_text()
+    for part in ("MixedPrecisionPolicy", "param_dtype", "reduce_dtype", "_fsdp_replaced_by",
+                 "register_optimizer_step_pre_hook", "all_gather_into_tensor", "check_same_model"):
+        assert part not in source, part
+
+
+def test_no_instrument_imports_a_benchmark():
+    for path in (PACKAGE / "tools").glob("*.py"):
+        assert not any(m.startswith("minddp.bench") for m, _ in _minddp_imports(path)), path.name
+
+
+def test_stock_private_fsdp_internals_are_read_in_one_place():
+    readers = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+               if "_fsdp_param_group" in p.read_text() or "_unsharded_param" in p.read_text()]
+    assert readers == ["bench/stock_fsdp.py"]
+
+
+@pytest.mark.parametrize("name", minddp.__all__)
+def test_every_public_name_resolves_to_its_definition(name):
+    obj = getattr(minddp, name)
+    where = minddp._WHERE.get(name)
+    if where is not None:
+        assert getattr(obj, "__module__", None) == f"minddp.{where}", name
+
+
+def test_old_module_paths_still_work():
+    import minddp.diff
+    import minddp.tools.diff
+    from minddp.timeline import read_chrome_trace, record_timeline  # noqa: F401
+    assert minddp.diff is minddp.tools.diff  # the same module, not a copy
+    out = subprocess.run([sys.executable, "-m", "minddp.diff", "--help"], cwd=REPO,
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "usage: minddp diff" in out.stdout, out.stderr
+
+
+def test_importing_minddp_loads_no_torch():
+    code = "import sys, minddp, minddp.tools.diff; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
