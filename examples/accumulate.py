@@ -1,11 +1,13 @@
 """Gradient accumulation: K micro-batches per optimizer step, one all-reduce per step.
 
-    torchrun --nproc_per_node=2 examples/accumulate.py --ddp stock --grad-table runs/stock.txt
-    torchrun --nproc_per_node=2 examples/accumulate.py --grad-table runs/manual.txt
-    minddp diff runs/manual.txt runs/stock.txt                 # IDENTICAL, bit for bit
+    torchrun --nproc_per_node=2 examples/accumulate.py --ddp stock --grad-table runs/acc-stock.txt
+    torchrun --nproc_per_node=2 examples/accumulate.py --grad-table runs/acc-manual.txt
+    minddp diff runs/acc-manual.txt runs/acc-stock.txt         # IDENTICAL, bit for bit
 
 The first K-1 forwards of a step run with model.require_backward_grad_sync = False (nanoGPT's
 one line; `with model.no_sync():` around the forward sets the same flag): backward only adds.
+Defaults: --accumulate 2 and --factor 4 (20 examples: 5 micro-batches per rank and epoch at
+2 ranks, so steps of 2, 2 and 1 micro-batches).
 """
 
 from minddp.run.cli import lesson_parser, parse_checked  # no torch: a typo costs a moment
@@ -47,11 +49,15 @@ def main(env, args):
         model.train()
         for i, (features, labels) in enumerate(train_loader):
             features, labels = features.to(env.device), labels.to(env.device)
-            sync = (i + 1) % args.accumulate == 0 or i + 1 == len(train_loader)  # K-th or last
+            first = i - i % args.accumulate  # this step's first micro-batch
+            group = min(args.accumulate, len(train_loader) - first)  # the last may be short
+            sync = i + 1 == first + group  # the group's last micro-batch: all-reduce, then step
             model.require_backward_grad_sync = sync  # read by forward: no_sync() without a block
             logits = model(features)
             loss = F.cross_entropy(logits, labels)
-            (loss / args.accumulate).backward()  # the sum of K of these: the mean's gradient
+            # The sum of `group` of these is the gradient of the group's mean loss; dividing a
+            # short last group by K instead would shrink its step (a smaller learning rate).
+            (loss / group).backward()
             if not sync:
                 continue  # no optimizer step yet: the next micro-batch adds to .grad
             grad_table.record(epoch)

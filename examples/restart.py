@@ -44,11 +44,9 @@ def main(env, args):
     grad_table = GradTable(model, args.grad_table)  # records nothing without --grad-table
     # Every rank reads the same file and copies it into the very tensors the wrapper and the
     # optimizer hold: all ranks resume equal, with no broadcast needed.
-    start_epoch, step = load_checkpoint(args.checkpoint, env.device, model=model.module,
-                                        optimizer=optimizer, grad_table=grad_table)
-    if start_epoch >= args.epochs:
-        print0(f"{args.checkpoint} holds a finished run ({start_epoch} epochs): nothing left to"
-               f" train; delete it to start afresh, or ask for more --epochs")
+    start_epoch, step = load_checkpoint(args.checkpoint, env.device, args.epochs,
+                                        model=model.module, optimizer=optimizer,
+                                        grad_table=grad_table)
     timeline = record_timeline(model, optimizer, args.timeline)  # nothing without --timeline
 
     for epoch in range(start_epoch, args.epochs):

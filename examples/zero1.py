@@ -1,17 +1,19 @@
-"""ZeRO-1: the manual DDP example with the optimizer's state sharded over the ranks.
+"""ZeRO-1: the manual DDP example with AdamW's state sharded over the ranks.
 
     torchrun --nproc_per_node=2 examples/zero1.py --grad-table runs/zero1.txt
-    torchrun --nproc_per_node=2 examples/manual_ddp.py --grad-table runs/manual.txt
-    minddp diff runs/zero1.txt runs/manual.txt      # IDENTICAL
+    torchrun --nproc_per_node=2 examples/zero1.py --zero stock --grad-table runs/zero1-stock.txt
+    minddp diff runs/zero1.txt runs/zero1-stock.txt      # IDENTICAL
 
-examples/manual_ddp.py with one line changed: the optimizer. Each rank keeps SGD's state
-for its shard of the parameters only, updates that shard, and receives the rest from
-their owners (minddp/zero.py; docs/zero1.md).
+examples/manual_ddp.py with the optimizer changed: AdamW (two state tensors per parameter),
+sharded. Each rank keeps the state for its shard of the parameters only, updates that shard,
+and receives the rest from their owners (minddp/zero.py; docs/zero1.md); after training
+each rank prints which parameters' state it holds and how many bytes. `--zero stock` shards
+with PyTorch's ZeroRedundancyOptimizer instead.
 """
 
 from minddp.run.cli import lesson_parser, parse_checked  # no torch: a typo costs a moment
 
-args = parse_checked(lesson_parser(__doc__)) if __name__ == "__main__" else None
+args = parse_checked(lesson_parser(__doc__, zero=True)) if __name__ == "__main__" else None
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +25,7 @@ from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches
 from minddp import ShardSampler
 from minddp import BucketedDDP
 from minddp import ShardedOptimizer
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 
 def main(env, args):
@@ -36,7 +39,8 @@ def main(env, args):
     check_batches(train_loader, env.world_size)  # zero batches on a rank: one line, exit 2
 
     model = NeuralNetwork(num_inputs=2, num_outputs=2).to(env.device)
-    optimizer = ShardedOptimizer(model.parameters(), torch.optim.SGD, lr=0.5)  # ZeRO-1
+    sharded = ShardedOptimizer if args.zero == "manual" else ZeroRedundancyOptimizer
+    optimizer = sharded(model.parameters(), torch.optim.AdamW, lr=0.05)  # ZeRO-1
     model = BucketedDDP(model, device_ids=env.device_ids)  # rank 0's weights; buckets average
     grad_table = GradTable(model, args.grad_table)  # records nothing without --grad-table
 
@@ -62,6 +66,11 @@ def main(env, args):
     test_acc = all_reduce_accuracy(model, test_loader, env.device)
     print0(f"Training accuracy {train_acc}")
     print0(f"Test accuracy {test_acc}")
+    state = optimizer.optim.state  # this rank's inner AdamW: the state of its shard only
+    names = [n for n, p in model.module.named_parameters() if p in state]
+    kib = sum(t.numel() * t.element_size() for s in state.values() for t in s.values()) / 1024
+    print_rank(f"AdamW state for {len(names)} of {len(list(model.parameters()))} parameters"
+               f" ({', '.join(names)}): {kib:.2f} KiB")
     grad_table.save()  # collective: rank 0 gathers every rank's rows and writes the file
 
 

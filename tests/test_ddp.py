@@ -63,7 +63,9 @@ def test_naive_close_to_stock_ddp_at_three_ranks(tmp_path):
     worst = max((s - m).abs().max().item()
                 for rank_record in results for grads in rank_record
                 for s, m in zip(grads["stock"], grads["manual"]))
-    assert worst <= 1e-6
+    # Not equal, and not far: gloo's ring at 3 ranks adds a flat bucket's elements in another
+    # order than single parameters (deterministic: the same data and sizes every run).
+    assert 0 < worst <= 1e-6
     # And the diff tool, given both as gradient tables, says why they differ.
     names = [n for n, _ in _mlp().named_parameters()]
     for who in ("stock", "manual"):
@@ -72,10 +74,9 @@ def test_naive_close_to_stock_ddp_at_three_ranks(tmp_path):
              for step, grads in enumerate(rank_record)] for rank_record in results])
     verdict = run([sys.executable, "-m", "minddp", "diff", str(tmp_path / "manual"),
                    str(tmp_path / "stock")])
-    if worst > 0:  # measured here: it differs, by 1-2 rounding units at the first step
-        assert verdict.returncode == 1, verdict.stdout
-        assert "different summation order" in verdict.stdout, verdict.stdout
-        assert "NaiveDDP" in verdict.stdout
+    assert verdict.returncode == 1, verdict.stdout
+    assert "different summation order" in verdict.stdout, verdict.stdout
+    assert "NaiveDDP" in verdict.stdout
 
 
 class TiedFrozen(torch.nn.Module):

@@ -5,7 +5,9 @@
 One spawn per world size runs every case: the same model, the same batches, once under
 stock `fully_shard` and once under minddp's; after every step each rank's shards must be
 `torch.equal` to stock's `to_local()`. foreach=False on both sides (the for-loop kernels; on
-CPU that is the default anyway).
+CPU that is the default anyway). Each case is a test of its own, named on failure; the
+cases of one world size share that world size's spawn. "minddp" is `minddp.fully_shard`
+(the drop-in), "lesson" the lecture's `minddp.fsdp.fully_shard` under it (fp32 cases).
 """
 
 import copy
@@ -20,6 +22,7 @@ from torch.distributed.fsdp import fully_shard as stock_fully_shard
 from helpers import run_ranks
 from minddp import ManualDDP, UsageError
 from minddp import MixedPrecisionPolicy, fully_shard
+from minddp.fsdp import fully_shard as lesson_fully_shard
 from minddp.tools.whole_tensors import full_gradients, full_state_dict, load_full_state_dict
 
 
@@ -63,8 +66,15 @@ def frozen():  # the first layer frozen, a unit of its own
     return model
 
 
+def tied():  # a language model whose output layer is its embedding: one weight, two users
+    model = TinyLM()
+    model.head.weight = model.embed.weight
+    return model
+
+
 MODELS = {"mlp": (mlp, lambda m: [m[0], m[2], m[4]]),
           "lm": (TinyLM, lambda m: list(m.blocks)),
+          "tied": (tied, lambda m: list(m.blocks)),  # the tied weight in the root unit
           "frozen": (frozen, lambda m: [m[0], m[2]])}
 OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "foreach": False}),
               "adamw": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1, "foreach": False})}
@@ -72,35 +82,38 @@ OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "foreach": F
 
 def _batch(name, step, rank):
     g = torch.Generator().manual_seed(100 * step + rank)
-    if name == "lm":
+    if name in ("lm", "tied"):
         idx = torch.randint(0, 11, (3, 5), generator=g)
         return idx, torch.randint(0, 11, (3, 5), generator=g)
     return torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
 
 
 def _loss(name, out, target):
-    if name == "lm":
+    if name in ("lm", "tied"):
         return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), target.reshape(-1))
     return F.mse_loss(out.float(), target)
 
 
-def _shard_both(name, reshard, bf16):
+def _shard_both(name, reshard, bf16, ours):
+    """The same model twice: sharded by stock fully_shard, and by minddp's (or the lesson's)."""
     build, units = MODELS[name]
     torch.manual_seed(0)
     base = build()
     models = [copy.deepcopy(base), copy.deepcopy(base)]
-    for model, shard, policy in ((models[0], stock_fully_shard, StockPolicy),
-                                 (models[1], fully_shard, MixedPrecisionPolicy)):
+    shards = [(stock_fully_shard, StockPolicy), (fully_shard, MixedPrecisionPolicy)]
+    for model, (shard, policy) in zip(models, shards):
         mp = policy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else policy()
+        if ours == "lesson" and shard is fully_shard:  # fp32: the lecture takes no policy
+            shard = lambda m, mp_policy, **kw: lesson_fully_shard(m, **kw)  # noqa: E731
         for unit in units(model):
             shard(unit, reshard_after_forward=reshard, mp_policy=mp)
         shard(model, mp_policy=mp)  # the root: stock's default reshard setting
     return models
 
 
-def _case(rank, name, opt, reshard, bf16, steps=3):
+def _case(rank, name, opt, reshard, bf16, ours, steps=3):
     """Per step: are this rank's shards equal to stock's? The first differing name, if not."""
-    models = _shard_both(name, reshard, bf16)
+    models = _shard_both(name, reshard, bf16, ours)
     cls, kwargs = OPTIMIZERS[opt]
     optimizers = [cls(m.parameters(), **kwargs) for m in models]
     verdicts = []
@@ -117,11 +130,19 @@ def _case(rank, name, opt, reshard, bf16, steps=3):
     return verdicts
 
 
-CASES = [("mlp", "sgd", True, False), ("mlp", "adamw", True, False),
-         ("mlp", "sgd", False, False), ("mlp", "adamw", False, False),
-         ("lm", "adamw", True, False), ("lm", "sgd", False, False),
-         ("frozen", "sgd", True, False), ("frozen", "adamw", False, False),
-         ("mlp", "adamw", True, True), ("lm", "adamw", True, True), ("lm", "sgd", False, True)]
+CASES = [("mlp", "sgd", True, False, "minddp"), ("mlp", "adamw", True, False, "minddp"),
+         ("mlp", "sgd", False, False, "minddp"), ("mlp", "adamw", False, False, "minddp"),
+         ("lm", "adamw", True, False, "minddp"), ("lm", "sgd", False, False, "minddp"),
+         ("frozen", "sgd", True, False, "minddp"), ("frozen", "adamw", False, False, "minddp"),
+         ("mlp", "adamw", True, True, "minddp"), ("lm", "adamw", True, True, "minddp"),
+         ("lm", "sgd", False, True, "minddp"), ("tied", "adamw", True, False, "minddp"),
+         ("mlp", "adamw", True, False, "lesson"), ("lm", "sgd", False, False, "lesson")]
+
+
+def _case_id(case):
+    name, opt, reshard, bf16, ours = case
+    return (f"{ours}-{name}-{opt}-{'reshard' if reshard else 'no_reshard'}"
+            f"{'-bf16' if bf16 else ''}")
 
 
 def _against_ddp(rank, world_size):
@@ -148,7 +169,7 @@ def _against_ddp(rank, world_size):
 
 def _whole_tensors(rank):
     """full_state_dict and full_gradients vs stock's full_tensor(); a save/load round trip."""
-    models = _shard_both("lm", True, False)
+    models = _shard_both("lm", True, False, "minddp")
     x, y = _batch("lm", 0, rank)
     for model in models:
         _loss("lm", model(x), y).backward()
@@ -220,24 +241,43 @@ def _everything(rank, world_size):
     return out
 
 
+_SPAWNED = {}  # world size -> every rank's results: one spawn serves all of its tests
+
+
+def _results(world_size):
+    if world_size not in _SPAWNED:
+        _SPAWNED[world_size] = run_ranks(_everything, world_size)
+    return _SPAWNED[world_size]
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_fully_shard_bitwise_equal_to_stock(world_size):
-    by_rank = run_ranks(_everything, world_size)
-    for rank, out in enumerate(by_rank):
-        for case, verdicts in out["cases"].items():
-            assert verdicts == ["equal"] * 3, f"rank {rank}, {case}: {verdicts}"
-        if world_size <= 2:
-            # DDP multiplies by 1/world_size before summing, FSDP sums then divides:
-            # at 1 and 2 ranks both are exact, so the whole weights agree bit for bit.
-            assert out["ddp"] == {"sgd": True, "adamw": True}, out["ddp"]
-        if world_size == 2:
-            assert out["whole"] == (True, True, True, True), out["whole"]
-            said = out["mistakes"]
-            assert "SGD holds a parameter of shape [7, 6] that fully_shard replaced" \
-                   in said["optimizer_first"] and "build the optimizer" in said["optimizer_first"]
-            assert "already applied" in said["twice"]
-            assert "'1.weight' is shared with an inner fully_shard unit" in said["tied_across_units"]
-            assert "rank 1's model differs from rank 0's at parameter #0" \
-                   in said["differ_across_ranks"]
-            assert "mixes parameter dtypes ['torch.float32', 'torch.float64']" \
-                   in said["mixed_dtypes"]
+def test_fully_shard_bitwise_equal_to_stock(world_size, case):
+    for rank, out in enumerate(_results(world_size)):
+        assert out["cases"][case] == ["equal"] * 3, f"rank {rank}: {out['cases'][case]}"
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_whole_weights_equal_manual_ddps(world_size):
+    # DDP multiplies by 1/world_size before summing, FSDP sums then divides: at 1 and 2
+    # ranks both are exact, so the whole weights agree bit for bit.
+    for out in _results(world_size):
+        assert out["ddp"] == {"sgd": True, "adamw": True}, out["ddp"]
+
+
+def test_whole_tensors_equal_stocks_full_tensor():
+    for out in _results(2):
+        assert out["whole"] == (True, True, True, True), out["whole"]
+
+
+@pytest.mark.parametrize("mistake,message", [
+    ("optimizer_first", "SGD holds a parameter of shape [7, 6] that fully_shard replaced"),
+    ("twice", "already applied"),
+    ("tied_across_units", "'1.weight' is shared with an inner fully_shard unit"),
+    ("differ_across_ranks", "rank 1's model differs from rank 0's at parameter #0"),
+    ("mixed_dtypes", "mixes parameter dtypes ['torch.float32', 'torch.float64']")])
+def test_a_mistake_is_one_line(mistake, message):
+    for out in _results(2):
+        assert message in out["mistakes"][mistake], out["mistakes"][mistake]
+    if mistake == "optimizer_first":
+        assert "build the optimizer" in out["mistakes"][mistake]

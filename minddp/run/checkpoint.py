@@ -48,12 +48,14 @@ def save_checkpoint(path, epoch, step, **stateful):
     os.replace(partial, path)
 
 
-def load_checkpoint(path, device, **stateful):
+def load_checkpoint(path, device, epochs=None, **stateful):
     """Resume from PATH if it exists; return (first epoch, steps taken), (0, 0) without one.
 
     Call it on every rank: each rank reads the file itself and maps the tensors to its own
     device (a checkpoint saved from cuda:0 must not land every rank's copy on GPU 0). The
     model is the unwrapped module (`model.module` once wrapped): loading copies in place.
+    It says what it found in one line; given the run's `epochs`, a checkpoint that already
+    holds them is called finished instead of resumed.
     """
     if path is None or not os.path.exists(path):
         return 0, 0
@@ -71,6 +73,10 @@ def load_checkpoint(path, device, **stateful):
     for name, obj in stateful.items():
         obj.load_state_dict(state["state"][name])  # names and shapes must match, or it says which
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    print0(f"resuming from {path}: epoch {state['epoch'] + 1}, after step {state['step']}"
-           f" (torchrun attempt {attempt})")
+    if epochs is not None and state["epoch"] >= epochs:
+        print0(f"{path} holds a finished run ({state['epoch']} epochs): nothing left to train;"
+               f" delete it to start afresh, or ask for more --epochs")
+    else:
+        print0(f"resuming from {path}: epoch {state['epoch'] + 1}, after step {state['step']}"
+               f" (torchrun attempt {attempt})")
     return state["epoch"], state["step"]

@@ -40,10 +40,10 @@ class ArgumentParser(argparse.ArgumentParser):
         return [o for action in self._actions for o in action.option_strings]
 
 
-def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=False):
+def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=False, zero=False):
     """An ArgumentParser with the examples' flags; parse it with parse_checked().
 
-    timeline, accumulate, restart, fsdp: add the flags of the examples with those features
+    timeline, accumulate, restart, fsdp, zero: add the flags of the examples with those features
     (fsdp.py has no --check-replicas: its ranks hold different shards by design).
     """
     parser = ArgumentParser(description=doc.split("\n\n")[0],
@@ -73,12 +73,17 @@ def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=Fal
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                         help="auto: cuda:LOCAL_RANK with nccl, mps for one process on a Mac,"
                              " else cpu")
+    if zero:
+        parser.add_argument("--zero", default="manual", choices=["manual", "stock"],
+                            help="shard with minddp's ShardedOptimizer or stock PyTorch's"
+                                 " ZeroRedundancyOptimizer")
     if accumulate or restart:
         parser.add_argument("--ddp", default="manual", choices=["manual", "stock"],
                             help="wrap with minddp's BucketedDDP or stock PyTorch's DDP")
     if accumulate:
         parser.add_argument("--accumulate", type=int, default=2, metavar="K",
                             help="micro-batches per optimizer step")
+        parser.set_defaults(factor=4)  # 1 batch per rank and epoch would leave nothing to add up
     if restart:
         parser.add_argument("--checkpoint", metavar="PATH", required=True,
                             help="save after every epoch; if PATH exists at start, resume from it")
