@@ -1,6 +1,6 @@
 """Uneven inputs: one rank has a batch more than the others. Without join() it waits forever.
 
-    torchrun --nproc_per_node=2 examples/uneven.py --timeout 10          # the hang, bounded
+    torchrun --nproc_per_node=2 examples/uneven.py --timeout 5           # the hang, bounded
     torchrun --nproc_per_node=2 examples/uneven.py --join                # model.join(): done
     torchrun --nproc_per_node=2 examples/uneven.py --join --ddp stock    # stock's join()
 

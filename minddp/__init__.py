@@ -31,6 +31,7 @@ class UsageError(RuntimeError):
     """
 
     def __init__(self, message, hint="", same_on_every_rank=False):
+        """The mistake in one line; the hint says how to fix it."""
         super().__init__(message)
         self.message, self.hint, self.same_on_every_rank = message, hint, same_on_every_rank
 

@@ -112,6 +112,7 @@ class BucketedDDP(nn.Module):
         if not self._sync_this_backward:
             return  # inside no_sync(): the gradient stays in .grad and accumulates
         if not self._arrived:  # the first gradient: at the end of backward, wait for all
+            # (autograd's private queue_callback, as in naive.py: run once backward is over)
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         self._arrived.add(index)
         if not self._rebuilt:

@@ -91,6 +91,8 @@ class NaiveDDP(nn.Module):
         if not self._sync_this_backward:
             return  # inside no_sync(): the gradient just stays in .grad and accumulates
         if not self._arrived:  # the first gradient: check at the end that all of them came
+            # queue_callback (private, but stock DDP's Python side and FSDP use it too): the
+            # autograd engine calls the function once, when this whole backward has finished.
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         self._arrived.add(id(param))
         grad = param.grad

@@ -25,6 +25,7 @@ class ShardSampler(Sampler):
 
     def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
                  drop_last=False):
+        """DistributedSampler's arguments; num_replicas and rank default to the process group's."""
         if num_replicas is None:
             num_replicas = dist.get_world_size()
         if rank is None:

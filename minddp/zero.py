@@ -36,6 +36,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, params, optimizer_cls, process_group=None, **defaults):
+        """Shard `params` over the ranks; this rank's shard gets optimizer_cls(its params)."""
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)

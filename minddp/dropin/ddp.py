@@ -46,6 +46,7 @@ class ManualDDP(BucketedDDP, JoinableDDP):
                  delay_all_reduce_named_params=None, param_to_hook_all_reduce=None,
                  mixed_precision=None, device_mesh=None, skip_all_reduce_unused_params=False,
                  bucket_cap_mb_list=None, batched_grad_copy=False, forward_sync_buffers=None):
+        """Stock DDP's constructor, argument for argument; the knobs in the class docstring."""
         refuse_unimplemented(static_graph=static_graph, batched_grad_copy=batched_grad_copy,
                              delay_all_reduce_named_params=delay_all_reduce_named_params,
                              param_to_hook_all_reduce=param_to_hook_all_reduce,
@@ -159,6 +160,7 @@ class ManualDDP(BucketedDDP, JoinableDDP):
     # bookkeeping (docs/dropin.md). ManualDDP(torch.compile(m)) still compiles m.
     @torch._dynamo.disable
     def forward(self, *args, **kwargs):
+        """BucketedDDP's forward, inside join() and with find_unused_parameters as stock."""
         if self._join_config.enable:  # inside join(): the collectives the joined ranks answer
             self._still_training = join_forward(self)
             self.require_forward_param_sync = False  # buffers synced there, from the right rank

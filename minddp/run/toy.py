@@ -20,6 +20,7 @@ class ToyDataset(Dataset):
     """The lesson's dataset: (features, label) pairs from two tensors."""
 
     def __init__(self, X, y):
+        """Examples X (one row each) with their class labels y."""
         self.features = X
         self.labels = y
 
@@ -34,6 +35,7 @@ class NeuralNetwork(torch.nn.Module):
     """The lesson's model: three Linear layers with ReLU between them."""
 
     def __init__(self, num_inputs, num_outputs):
+        """The lesson's MLP: num_inputs -> 30 -> 20 -> num_outputs, ReLU between."""
         super().__init__()
         self.layers = torch.nn.Sequential(
             torch.nn.Linear(num_inputs, 30),
@@ -44,6 +46,7 @@ class NeuralNetwork(torch.nn.Module):
         )
 
     def forward(self, x):
+        """Logits, one row per example."""
         return self.layers(x)
 
 

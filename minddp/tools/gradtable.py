@@ -34,6 +34,7 @@ class GradTable:
     """
 
     def __init__(self, model, path=None):
+        """Record `model`'s gradients for a table at `path` (None: record nothing)."""
         self.module = getattr(model, "module", model)
         self.path = path
         self.rows = []  # (step, epoch, {name: gradient})

@@ -56,6 +56,12 @@ def step_spans(events, step):
     return spans
 
 
+CAPTION = ("An all-reduce bar runs from its launch to its completion, waiting for the slower rank"
+           " included.\nStock's white gap before the optimizer step: its C++ reducer waiting for"
+           " the buckets and copying them back,\nunseen by the recorder (minddp's wait is the red"
+           " bar). Overlap: the share of all-reduce time while backward computed.")
+
+
 def draw_timeline(panels, path, machine):
     """panels: [(title, everyone's events, step)], drawn one above the other into PNG `path`.
 
@@ -106,12 +112,13 @@ def draw_timeline(panels, path, machine):
         ax.tick_params(axis="x", labelsize=7)
         ax.set_xlim(left=0)
     fig.text(0.99, 0.005, machine, ha="right", va="bottom", fontsize=6, color="gray")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k])
-               for k in ("backward", "blocked", "optimizer step", "all-reduce")]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in
+               (COLORS["backward"], COLORS["blocked"], COLORS["optimizer step"], *COMM_SHADES)]
     fig.legend(handles, ["backward computing", "blocked (waiting)", "optimizer step",
-                         "all-reduce (launch to completion)"], loc="upper right", fontsize=7,
-               ncol=4, frameon=False)
-    fig.tight_layout(rect=(0, 0.02, 1, 0.97))
+                         "all-reduce, launch to completion", "(the next one, a darker green)"],
+               loc="upper right", fontsize=7, ncol=5, frameon=False)
+    fig.text(0.01, 0.005, CAPTION, ha="left", va="bottom", fontsize=6.5)
+    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return drawn
@@ -181,7 +188,7 @@ def draw_memory(rows, path, machine):
         if ddp:  # everything DDP holds, split evenly: what perfect sharding would leave
             ideal = (ddp["params"] + ddp["grads"] + ddp["optimizer"]) / world
             ax.hlines(ideal, first - 0.45, x - 0.55, colors="black", linestyles="dashed",
-                      linewidth=1)
+                      linewidth=1, label="ideal" if w_i == 0 else None)
             ax.text(x - 0.5, ideal, " (P+G+O)/W", va="bottom", fontsize=7)
         ax.text((first + x - 1) / 2, -0.2, f"{world} rank{'s' if world > 1 else ''}",
                 ha="center", va="top", transform=ax.get_xaxis_transform(), fontsize=9)
@@ -193,8 +200,14 @@ def draw_memory(rows, path, machine):
     ax.set_title(f"What each rank holds: {model} MLP, AdamW (minddp's and stock's side by side)",
                  fontsize=10, loc="left")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[s]) for s in SEGMENTS]
-    ax.legend(handles, ["parameters", "gradients", "optimizer state",
-                        "whole weights gathered (peak)"], fontsize=7, loc="upper right")
+    handles.append(plt.Line2D([0], [0], color="black", linestyle="dashed", linewidth=1))
+    ax.legend(handles, ["parameters (P)", "gradients (G)", "optimizer state (O)",
+                        "whole weights gathered (peak)",
+                        "(P+G+O)/W: DDP's P+G+O split evenly over W ranks"],
+              fontsize=7, loc="upper right")
+    fig.text(0.01, 0.005, "At 1 rank ZeRO-2/3 shard nothing and still gather (copy) each unit:"
+             " their bars stand above DDP's by that copy. Bytes measured on the largest rank.",
+             ha="left", va="bottom", fontsize=7)
     fig.text(0.99, 0.005, machine, ha="right", va="bottom", fontsize=6, color="gray")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.subplots_adjust(bottom=0.25)
