@@ -3,13 +3,13 @@
 For engineers who want to run their own script on minddp with one import swapped. The
 lessons (naive.py, bucketed.py, fsdp.py) teach one idea each; these classes add, on top and
 without changing the lessons' arithmetic, everything stock's API promises besides:
-    ddp.py          ManualDDP: stock DDP's constructor and knobs on BucketedDDP
-    checks.py       stock DDP's argument checks and refusals, message for message
-    buckets.py      sparse gradients, bucket views, the GradBucket a comm hook receives
-    comm_hooks.py   a communication hook written out (fp16), and how a hook's result is read
-    unused.py       find_unused_parameters: which parameters a forward did not reach
-    join.py         join(): uneven inputs by stock's protocol
-    fsdp.py         minddp.fully_shard: mixed precision, tied weights, stock's checks on fsdp.py
+    ddp.py            ManualDDP: stock DDP's constructor and knobs on BucketedDDP
+    checks.py         stock DDP's argument checks and refusals, message for message
+    bucket_extras.py  sparse gradients, bucket views, the GradBucket a comm hook receives
+    comm_hooks.py     a communication hook written out (fp16), and how a hook's result is read
+    unused.py         find_unused_parameters: which parameters a forward did not reach
+    join.py           join(): uneven inputs by stock's protocol
+    fsdp.py           minddp.fully_shard: mixed precision, tied weights, stock's checks on fsdp.py
 Each is proved bitwise against stock in tests/ (test_contract, test_join, test_dropin,
 test_fsdp); docs/dropin.md shows the swap.
 """

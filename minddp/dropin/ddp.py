@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..bucketed import BucketedDDP
-from .buckets import GradBucket, aliases, assign_buckets_with_sparse, expects_sparse_gradient
+from .bucket_extras import GradBucket, aliases, assign_buckets_with_sparse, expects_sparse_gradient
 from .checks import check_stock_arguments, refuse_unimplemented
 from .. import UsageError
 from .comm_hooks import hook_result
@@ -74,7 +74,7 @@ class ManualDDP(BucketedDDP, JoinableDDP):
         JoinableDDP.__init__(self)  # join(): disabled until the context manager enables it
         self._divide_by_initial_world_size = True
         self._still_training = None  # join(): step 1's work, then the count it summed
-        # Sparse gradients: a bucket each, from the start (buckets.py says why).
+        # Sparse gradients: a bucket each, from the start (bucket_extras.py says why).
         self._sparse = {i for i, p in enumerate(self._params) if expects_sparse_gradient(module, p)}
         if find_unused_parameters:
             # Which parameters take part may change every step, so one step's arrival order
