@@ -26,10 +26,8 @@ from torch.utils._pytree import tree_flatten
 
 
 def fully_shard(module, *, reshard_after_forward=None, process_group=None):
-    """Shard `module`'s parameters (not in an inner unit) over the ranks. Collective.
-
-    reshard_after_forward: free the whole weights after forward (default: yes, but the root's
-    are kept, as stock keeps them: its backward starts at once)."""
+    """Collective: shard `module`'s parameters (those not in an inner unit) over the ranks.
+    reshard_after_forward: free the whole weights after forward (default: all but the root's)."""
     module._fsdp_unit = Unit(module, reshard_after_forward, process_group)
     return module
 
@@ -60,7 +58,8 @@ class Unit:
 
     @torch.no_grad()
     def shard(self, name, users, param):
-        if self.world_size > 1:  # start from rank 0's weights, as DDP does
+        """Collective: rank 0's weights to every rank (as DDP starts); keep this rank's rows."""
+        if self.world_size > 1:
             src = dist.get_global_rank(self.group, 0) if self.group else 0
             dist.broadcast(param, src=src, group=self.group)
         rows = math.ceil(param.shape[0] / self.world_size)  # torch.chunk's block: the last

@@ -72,6 +72,18 @@ def test_zero1_example_equals_zero_redundancy_optimizer_and_shards_adamws_state(
     assert all(float(kib) > 0 for *_, kib in held)
 
 
+def test_tp_example_equals_parallelize_module(launch):
+    tp = REPO / "examples" / "tp.py"
+    (result, manual), (stock_result, stock) = launch(tp, 2), launch(tp, 2, "--tp", "stock")
+    verdict = diff(manual, stock)  # whole gradients, gathered from each rank's slices
+    assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stdout
+    assert "world size 2, 6 steps, 6 parameters" in verdict.stdout  # all 5 examples, each rank
+    assert losses(result.stdout) == losses(stock_result.stdout)
+    (_, alone), (_, lesson) = launch(tp, 1), launch(MANUAL, 1)  # one rank: nothing to split
+    verdict = diff(alone, lesson)
+    assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stdout
+
+
 def test_fsdp_example_equals_stock_fully_shard_and_stock_ddp(launch):
     fsdp = REPO / "examples" / "fsdp.py"
     (result, manual), (_, stock_fsdp) = launch(fsdp, 2), launch(fsdp, 2, "--fsdp", "stock")

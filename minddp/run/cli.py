@@ -40,11 +40,12 @@ class ArgumentParser(argparse.ArgumentParser):
         return [o for action in self._actions for o in action.option_strings]
 
 
-def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=False, zero=False):
+def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=False, zero=False,
+                  tp=False):
     """An ArgumentParser with the examples' flags; parse it with parse_checked().
 
-    timeline, accumulate, restart, fsdp, zero: add the flags of the examples with those features
-    (fsdp.py has no --check-replicas: its ranks hold different shards by design).
+    timeline, accumulate, restart, fsdp, zero, tp: add the flags of the examples with those
+    features (fsdp.py and tp.py have no --check-replicas: their ranks hold different slices).
     """
     parser = ArgumentParser(description=doc.split("\n\n")[0],
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,7 +60,10 @@ def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=Fal
         parser.add_argument("--timeline", metavar="PATH",
                             help="record backward and each bucket's all-reduce"
                                  " to a Chrome trace at PATH")
-    if not fsdp:
+    if tp:
+        parser.add_argument("--tp", default="manual", choices=["manual", "stock"],
+                            help="split with minddp's parallelize_module or stock PyTorch's")
+    elif not fsdp:
         parser.add_argument("--check-replicas", action="store_true",
                             help="after every optimizer step, check that all ranks"
                                  " hold the same weights")

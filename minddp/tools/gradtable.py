@@ -101,13 +101,27 @@ class GradTable:
 
 
 def _whole_gradients(module):
-    """{name: gradient}; a sharded model's (FSDP) gathered whole first: a collective then."""
+    """{name: gradient}; a sharded model's whole gradients, gathered: a collective then."""
     if any(hasattr(m, "_fsdp_unit") for m in module.modules()):  # minddp's fully_shard
         from .whole_tensors import full_gradients
         return full_gradients(module)
-    # Stock fully_shard's gradients are DTensors; full_tensor() gathers one.
-    return {name: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            for name, p in module.named_parameters()}
+    # Stock's DTensors (fully_shard, parallelize_module): full_tensor() gathers one; minddp's
+    # tensor-parallel slices (tp.py) are gathered along the dimension they were cut.
+    whole = {}
+    for name, p in module.named_parameters():
+        if hasattr(p.grad, "full_tensor"):
+            whole[name] = p.grad.full_tensor()
+        elif hasattr(p, "_tp_split") and p.grad is not None:
+            whole[name] = _gather_slices(p.grad, *p._tp_split)
+        else:
+            whole[name] = p.grad
+    return whole
+
+
+def _gather_slices(grad, dim, group):
+    slices = [torch.empty_like(grad) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(slices, grad.contiguous(), group=group)
+    return torch.cat(slices, dim)
 
 
 def _world_size():
