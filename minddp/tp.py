@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import UsageError
+from .sp import gather_sequence, scatter_sequence, _shard_dim
 
 
 class _CopyToRanks(torch.autograd.Function):
@@ -90,33 +91,43 @@ def sum_over_ranks(x, group=None):
 
 
 class ColwiseParallel:
-    """Cut an nn.Linear's output features over the ranks (stock's name; default layouts only)."""
+    """Cut an nn.Linear's output features over the ranks (stock's name; the output stays cut)."""
 
-    dim = 0  # the weight's rows
+    def __init__(self, *, input_layouts=None):
+        self.sequence_dim = _shard_dim(input_layouts)  # Shard(1): a sequence slice (sp.py)
 
     def apply(self, name, module, group):
-        _keep_slice(name, module, "weight", self.dim, group)
+        _keep_slice(name, module, "weight", 0, group)  # the weight's rows
         if module.bias is not None:
             _keep_slice(name, module, "bias", 0, group)
+        module.register_forward_pre_hook(lambda m, args: (self._whole(args[0], group), *args[1:]))
+
+    def _whole(self, x, group):
+        if self.sequence_dim is not None:
+            return gather_sequence(x, self.sequence_dim, group)
+        if getattr(x, "_whole_on_every_rank", False):
+            return x  # gathered already (sp.py): the gather's backward sums the ranks' parts
         # The input arrives whole on every rank; its gradient must come back whole too.
-        module.register_forward_pre_hook(lambda m, args: (copy_to_ranks(args[0], group),
-                                                          *args[1:]))
+        return copy_to_ranks(x, group)
 
 
 class RowwiseParallel:
     """Cut an nn.Linear's input features over the ranks; one all_reduce makes the output whole."""
 
-    dim = 1  # the weight's columns
+    def __init__(self, *, output_layouts=None):
+        self.sequence_dim = _shard_dim(output_layouts)  # Shard(1): a reduce_scatter (sp.py)
 
     def apply(self, name, module, group):
-        _keep_slice(name, module, "weight", self.dim, group)
-        module.forward = lambda x: _row_forward(module, x, group)  # (the bias stays whole)
+        _keep_slice(name, module, "weight", 1, group)  # the weight's columns; the bias whole
+        module.forward = lambda x: self._forward(module, x, group)
 
-
-def _row_forward(module, x, group):
-    share = None if module.bias is None else _ShareOfBias.apply(module.bias,
-                                                                dist.get_world_size(group))
-    return sum_over_ranks(F.linear(x, module.weight, share), group)
+    def _forward(self, module, x, group):
+        share = None if module.bias is None else _ShareOfBias.apply(module.bias,
+                                                                    dist.get_world_size(group))
+        partial = F.linear(x, module.weight, share)
+        if self.sequence_dim is not None:
+            return scatter_sequence(partial, self.sequence_dim, group)
+        return sum_over_ranks(partial, group)
 
 
 def _keep_slice(name, module, attr, dim, group):
@@ -143,6 +154,11 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None):
     """
     group = device_mesh.get_group() if device_mesh is not None else None
     modules = dict(module.named_modules())
+    if hasattr(module, "require_backward_grad_sync") or any(  # DDP's flag; FSDP's units
+            hasattr(m, "_fsdp_unit") for m in modules.values()):
+        raise UsageError("parallelize_module on a model already wrapped for data parallelism"
+                         " (DDP or fully_shard)", same_on_every_rank=True,
+                         hint="split the plain model: tp.py takes one group of ranks, no 2-D mesh")
     for name in parallelize_plan or {}:  # refuse a wrong plan before any collective
         if name not in modules:
             raise UsageError(f"the plan names {name!r}, which {type(module).__name__} does"

@@ -16,13 +16,18 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed import tensor as stock_tensor
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import parallel as stock_tp
 from torch.distributed.tensor.parallel import ColwiseParallel as StockColwise
 from torch.distributed.tensor.parallel import RowwiseParallel as StockRowwise
 from torch.distributed.tensor.parallel import parallelize_module as stock_parallelize
 
 from helpers import run_ranks
-from minddp import UsageError
+from minddp import ManualDDP, UsageError
+import minddp.sp
+import minddp.tp
 from minddp.tp import ColwiseParallel, RowwiseParallel, parallelize_module
 
 
@@ -64,29 +69,46 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-PLANS = {  # model: (build, input shape, {submodule: "col" | "row"})
-    "mlp": (MLP, (4, 8), {"up": "col", "down": "row"}),
-    "mlp-nobias": (lambda: MLP(bias=False), (4, 8), {"up": "col", "down": "row"}),
-    "block": (Block, (2, 5, 16), {"attn.q": "col", "attn.k": "col", "attn.v": "col",
-                                  "attn.o": "row", "mlp.up": "col", "mlp.down": "row"}),
+PLANS = {  # model: (build, input shape, {submodule: style}, sequence parallel)
+    "mlp": (MLP, (4, 8), {"up": "col", "down": "row"}, False),
+    "mlp-nobias": (lambda: MLP(bias=False), (4, 8), {"up": "col", "down": "row"}, False),
+    "block": (Block, (2, 8, 16), {"attn.q": "col", "attn.k": "col", "attn.v": "col",
+                                  "attn.o": "row", "mlp.up": "col", "mlp.down": "row"}, False),
+    # Sequence parallel: the LayerNorms on each rank's tokens, gathered before the column
+    # splits (PrepareModuleInput), reduce-scattered after the row splits.
+    "block-sp": (Block, (2, 8, 16), {"ln1": "sp", "attn": "gather", "attn.q": "col",
+                                     "attn.k": "col", "attn.v": "col", "attn.o": "row-sp",
+                                     "ln2": "sp", "mlp": "gather", "mlp.up": "col",
+                                     "mlp.down": "row-sp"}, True),
 }
-STYLES = {"stock": {"col": StockColwise, "row": StockRowwise},
-          "minddp": {"col": ColwiseParallel, "row": RowwiseParallel}}
+
+
+def _style(library, name):
+    tp = {"stock": stock_tp, "minddp": minddp.tp}[library]
+    sp = {"stock": stock_tp, "minddp": minddp.sp}[library]
+    return {"col": lambda: tp.ColwiseParallel(), "row": lambda: tp.RowwiseParallel(),
+            "row-sp": lambda: tp.RowwiseParallel(output_layouts=Shard(1)),
+            "sp": lambda: sp.SequenceParallel(),
+            "gather": lambda: sp.PrepareModuleInput(input_layouts=(Shard(1),),
+                                                    desired_input_layouts=(Replicate(),))}[name]()
 
 
 def _local(t):
+    """This rank's part; a Partial gradient (stock's, under sequence parallel) made whole."""
+    if isinstance(t, stock_tensor.DTensor) and t.placements[0].is_partial():
+        t = t.redistribute(placements=[Replicate()])
     return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _case(rank, world_size, name, steps=3):
-    build, shape, plan = PLANS[name]
+    build, shape, plan, sequence = PLANS[name]
     torch.manual_seed(0)
     base = build()
     mesh = init_device_mesh("cpu", (world_size,))
     models, optimizers = {}, {}
     for who, parallelize in (("stock", stock_parallelize), ("minddp", parallelize_module)):
         model = copy.deepcopy(base)
-        parallelize(model, mesh, {n: STYLES[who][s]() for n, s in plan.items()})
+        parallelize(model, mesh, {n: _style(who, s) for n, s in plan.items()})
         models[who] = model
         optimizers[who] = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1,
                                             foreach=False)
@@ -94,6 +116,8 @@ def _case(rank, world_size, name, steps=3):
     for step in range(steps):
         g = torch.Generator().manual_seed(100 + step)  # the same batch on every rank
         x = torch.randn(*shape, generator=g)
+        if sequence:  # each rank its slice of the sequence (dim 1)
+            x = x.chunk(world_size, 1)[rank].contiguous()
         seen = {}
         for who, model in models.items():
             xi = x.clone().requires_grad_()
@@ -119,7 +143,9 @@ def _mistakes(rank, world_size):
             "not in the model": lambda: parallelize_module(MLP(), None, {"nope": ColwiseParallel()}),
             "not a Linear": lambda: parallelize_module(Block(), None, {"ln1": ColwiseParallel()}),
             "uneven": lambda: parallelize_module(MLP(hidden=10 + 1), None,
-                                                 {"up": ColwiseParallel()})}.items():
+                                                 {"up": ColwiseParallel()}),
+            "wrapped": lambda: parallelize_module(ManualDDP(MLP()), None,
+                                                  {"module.up": ColwiseParallel()})}.items():
         try:
             make()
             said[what] = None
@@ -172,7 +198,8 @@ def test_tensor_parallel_bitwise_equal_to_parallelize_module(world_size, name):
 @pytest.mark.parametrize("mistake,message", [
     ("not in the model", "the plan names 'nope', which MLP does not have"),
     ("not a Linear", "'ln1' is a LayerNorm, not an nn.Linear"),
-    ("uneven", "'up': weight dimension 0 has 11 entries, which 2 ranks cannot share equally")])
+    ("uneven", "'up': weight dimension 0 has 11 entries, which 2 ranks cannot share equally"),
+    ("wrapped", "parallelize_module on a model already wrapped for data parallelism")])
 def test_a_wrong_plan_is_one_line_before_any_collective(mistake, message):
     for out in _results(2):
         assert out["mistakes"][mistake] is not None and message in out["mistakes"][mistake]
