@@ -18,6 +18,7 @@ COMMANDS = {  # subcommand: (module, what it does)
     "bench": ("minddp.bench.ddp", "step time: naive, bucketed and stock DDP, as ratios"),
     "zero-bench": ("minddp.bench.zero", "ZeRO-1: optimizer state per rank, step time"),
     "fsdp-bench": ("minddp.bench.fsdp", "DDP, ZeRO-1/2/3 and stock fully_shard: bytes and time"),
+    "tp-bench": ("minddp.bench.tp", "tensor parallel vs stock: bytes sent, memory, step time"),
 }
 
 

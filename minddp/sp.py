@@ -56,14 +56,16 @@ def _gather(x, dim, group):
     x = x.movedim(dim, 0).contiguous()
     whole = x.new_empty(dist.get_world_size(group) * x.shape[0], *x.shape[1:])
     dist.all_gather_single(whole, x, group=group)
-    return whole.movedim(0, dim)
+    # Back in the usual layout: the Linears after it would each copy a strided input
+    # (and save the copy for backward), q, k and v three times over.
+    return whole.movedim(0, dim).contiguous()
 
 
 def _reduce_scatter(x, dim, group):
     x = x.movedim(dim, 0).contiguous()
     mine = x.new_empty(x.shape[0] // dist.get_world_size(group), *x.shape[1:])
     dist.reduce_scatter_single(mine, x, op=dist.ReduceOp.SUM, group=group)
-    return mine.movedim(0, dim)
+    return mine.movedim(0, dim).contiguous()
 
 
 class SequenceParallel:

@@ -6,6 +6,7 @@ Not a timing test: speed is measured by `minddp bench`, not asserted here.
 """
 
 import json
+import re
 import sys
 
 import pytest
@@ -93,3 +94,22 @@ def test_png_without_matplotlib_says_what_to_install(program, tmp_path, monkeypa
     err = capsys.readouterr().err
     assert "error: --png needs matplotlib, which is not installed" in err
     assert 'pip install -e ".[plot]"' in err and not (tmp_path / "x.png").exists()
+
+
+def test_tp_bench_counts_what_the_formula_says():
+    """One small run of minddp tp-bench at 2 ranks: bytes passed, bytes held, stock beside."""
+    result = run([sys.executable, "-m", "minddp", "tp-bench", "--world-sizes", "2", "--rounds",
+                  "2", "--warmup", "1", "--batch", "2"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    by_way = {}  # the table's cells are separated by two spaces or more
+    for line in result.stdout.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[0] == "2":
+            by_way[cells[1]] = cells
+    assert set(by_way) == {"DDP", "FSDP", "TP", "TP stock", "TP+SP", "TP+SP stock"}, result.stdout
+    for way in ("TP", "TP+SP"):
+        passed, formula = by_way[way][6], by_way[way][7]
+        assert passed == formula and passed != "-", (way, passed, formula)  # counted = predicted
+        assert by_way[way][2:6] == by_way[f"{way} stock"][2:6]  # the same bytes held as stock
+    assert float(by_way["TP"][2]) < float(by_way["DDP"][2])  # each rank a slice of the weights
+    assert float(by_way["TP+SP"][5]) < float(by_way["TP"][5])  # and of the activations

@@ -150,3 +150,19 @@ def test_fsdp_breaks_show_their_damage():
     assert "0.00 MB (unbroken: 0.00 MB; the model: 1.01 MB)" in none and "equal to" in none
     assert "backward failed" in gather and "storage of size 0" in gather
     assert "allocated after forward: 1.01 MB" in free and "equal to the unbroken" in free
+
+
+def test_tp_breaks_show_their_damage():
+    # 2 ranks: each break against stock's parallelize_module, measured (examples/break_tp.py).
+    result = torchrun(2, REPO / "examples" / "break_tp.py", "--break", "all")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    verdicts = {line.split(":")[0]: nxt for line, nxt in zip(lines, lines[1:])
+                if line.startswith("--break")}
+    assert "equal to stock's after 3 steps, bit for bit" in verdicts["--break none"]
+    every_rank = verdicts["--break bias-every-rank"]
+    assert "parts from stock at step 0" in every_rank and "the bias is in it 2 times" in every_rank
+    no_reduce = verdicts["--break no-input-allreduce"]
+    assert "output off by 0 " in no_reduce and "embed.weight now differs between ranks" in no_reduce
+    textbook = verdicts["--break bias-after"]
+    assert "a different summation order" in textbook and "still the same on every rank" in textbook

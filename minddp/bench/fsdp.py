@@ -63,13 +63,11 @@ from ..fsdp import Unit, fully_shard  # noqa: E402
 from ..tools.pictures import draw_memory  # noqa: E402
 from ..zero import ShardedOptimizer  # noqa: E402
 from . import SIZES, stock_fsdp  # noqa: E402
-from .harness import collect_rows, machine, mlp, print_table, time_steps, timed_rounds  # noqa: E402
+from .harness import (RING, collect_rows, counting_collectives, machine, mlp,  # noqa: E402
+                      print_table, time_steps, timed_rounds)
 
 WAYS = ["DDP", "ZeRO-1", "FSDP no reshard", "stock no reshard", "FSDP", "stock fully_shard"]
-# The collectives' names (torch 2.13 and older), and per byte passed, bytes a rank sends on a
-# ring, in units of (W-1)/W.
-RING = {"all_reduce": 2, "broadcast": 1, "all_gather_single": 1, "all_gather_into_tensor": 1,
-        "reduce_scatter_single": 1, "reduce_scatter_tensor": 1}
+
 
 
 def build(way, base):
@@ -131,28 +129,6 @@ def sampling_after_gathers(peak):
     finally:
         for (cls, name), original in originals.items():
             setattr(cls, name, original)
-
-
-@contextlib.contextmanager
-def counting_collectives(counts):
-    """Add the bytes passed to each collective (its input; all_gather's output) to counts."""
-    originals = {name: getattr(dist, name) for name in RING if hasattr(dist, name)}
-
-    def counted(name, original):
-        def call(*args, **kwargs):
-            given = list(args) + [kwargs[k] for k in ("output", "input") if k in kwargs]
-            # all_reduce, broadcast: the tensor; all_gather: its output; reduce_scatter: its input
-            tensor = given[1] if name.startswith("reduce_scatter") else given[0]
-            counts[name] = counts.get(name, 0) + tensor.numel() * tensor.element_size()
-            return original(*args, **kwargs)
-        return call
-    for name, original in originals.items():
-        setattr(dist, name, counted(name, original))
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
 
 
 def whole_weights(way, model):

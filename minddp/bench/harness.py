@@ -10,6 +10,7 @@ A step's time is the slowest rank's (the job waits for it); each benchmark repor
 over rounds, as ratios to stock's in the same run.
 """
 
+import contextlib
 import os
 import platform
 import random
@@ -24,6 +25,12 @@ from tabulate import tabulate
 
 from . import SIZES
 from ..launch import ddp_teardown
+
+# The collectives' names (torch 2.13 and older), and per byte passed, bytes a rank sends on a
+# ring, in units of (W-1)/W.
+RING = {"all_reduce": 2, "broadcast": 1, "all_gather_single": 1, "all_gather_into_tensor": 1,
+        "reduce_scatter_single": 1, "reduce_scatter_tensor": 1}
+
 
 def mlp(width, layers):
     """`layers` square Linear layers with ReLU between, then a 10-way head."""
@@ -116,3 +123,25 @@ def machine(args):
 def print_table(args, rows, headers, what="contender"):
     print(f"{machine(args)} | {args.rounds} rounds x {args.steps} steps per {what}")
     print(tabulate(rows, headers=headers, tablefmt=args.format, disable_numparse=True))
+
+
+@contextlib.contextmanager
+def counting_collectives(counts):
+    """Add the bytes passed to each collective (its input; all_gather's output) to counts."""
+    originals = {name: getattr(dist, name) for name in RING if hasattr(dist, name)}
+
+    def counted(name, original):
+        def call(*args, **kwargs):
+            given = list(args) + [kwargs[k] for k in ("output", "input") if k in kwargs]
+            # all_reduce, broadcast: the tensor; all_gather: its output; reduce_scatter: its input
+            tensor = given[1] if name.startswith("reduce_scatter") else given[0]
+            counts[name] = counts.get(name, 0) + tensor.numel() * tensor.element_size()
+            return original(*args, **kwargs)
+        return call
+    for name, original in originals.items():
+        setattr(dist, name, counted(name, original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)

@@ -157,13 +157,14 @@ def memory_bars(rows):
     return bars
 
 
-def draw_memory(rows, path, machine):
+def draw_memory(rows, path, machine, bars=None, legend=None, title=None, caption=None):
     """Stacked bars per world size and way, one model; the ideal (P+G+O)/W as a mark.
 
+    rows: fsdp_bench's (or tp_bench's, with its own `bars`, `legend`, `title`, `caption`).
     Returns {(ranks, way): {segment: height}} read back from the bars in the figure.
     """
     plt = _pyplot()
-    bars = memory_bars(rows)
+    bars = bars or memory_bars(rows)
     sizes = sorted({r["ranks"] for r in rows})
     ways = list(dict.fromkeys(r["way"] for r in rows))
     fig, ax = plt.subplots(figsize=(13, 4.2))
@@ -197,17 +198,17 @@ def draw_memory(rows, path, machine):
     ax.set_xlim(-0.6, x + 0.6)  # room for the last mark's label
     ax.set_ylabel("MB per rank (largest rank)")
     model = rows[0]["model"]
-    ax.set_title(f"What each rank holds: {model} MLP, AdamW (minddp's and stock's side by side)",
-                 fontsize=10, loc="left")
+    ax.set_title(title or f"What each rank holds: {model} MLP, AdamW (minddp's and stock's side"
+                          f" by side)", fontsize=10, loc="left")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[s]) for s in SEGMENTS]
     handles.append(plt.Line2D([0], [0], color="black", linestyle="dashed", linewidth=1))
-    ax.legend(handles, ["parameters (P)", "gradients (G)", "optimizer state (O)",
-                        "whole weights gathered (peak)",
-                        "(P+G+O)/W: DDP's P+G+O split evenly over W ranks"],
-              fontsize=7, loc="upper right")
-    fig.text(0.01, 0.005, "At 1 rank ZeRO-2/3 shard nothing and still gather (copy) each unit:"
-             " their bars stand above DDP's by that copy. Bytes measured on the largest rank.",
-             ha="left", va="bottom", fontsize=7)
+    ax.legend(handles, (legend or ["parameters (P)", "gradients (G)", "optimizer state (O)",
+                                   "whole weights gathered (peak)"])
+              + ["(P+G+O)/W: DDP's P+G+O split evenly over W ranks"], fontsize=7,
+              loc="upper right")
+    fig.text(0.01, 0.005, caption or "At 1 rank ZeRO-2/3 shard nothing and still gather (copy)"
+             " each unit: their bars stand above DDP's by that copy. Bytes measured on the"
+             " largest rank.", ha="left", va="bottom", fontsize=7)
     fig.text(0.99, 0.005, machine, ha="right", va="bottom", fontsize=6, color="gray")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.subplots_adjust(bottom=0.25)
