@@ -2,6 +2,8 @@
 
     torchrun --nproc_per_node=2 examples/break_tp.py --break all     # each break in turn
     torchrun --nproc_per_node=2 examples/break_tp.py --break bias-every-rank
+    torchrun --nproc_per_node=2 examples/break_tp.py --break bias-after --grad-table runs/btp.txt
+    minddp diff runs/btp-bias-after-minddp.txt runs/btp-bias-after-stock.txt   # names the order
 
 An MLP whose middle is split (a replicated first layer, then a column split and a row split)
 trains 3 AdamW steps on the same batches twice: under stock's parallelize_module and under
@@ -22,9 +24,12 @@ BREAKS = {
 if __name__ == "__main__":  # the flags first, before torch loads: a typo costs a moment
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--break", dest="broken", default="all", choices=[*BREAKS, "all"])
+    parser.add_argument("--grad-table", metavar="PATH",
+                        help="write PATH-<break>-minddp.txt and PATH-<break>-stock.txt")
     args = parser.parse_args()
 
 import copy
+import os
 
 import torch
 import torch.distributed as dist
@@ -33,7 +38,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import parallel as stock_tp
 
 import minddp.tp as minddp_tp
-from minddp import ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0
+from minddp import GradTable, ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0
 
 
 class MLP(torch.nn.Module):
@@ -63,6 +68,10 @@ def run(env, mesh, steps=3):
         tp.parallelize_module(models[who], mesh, {"up": tp.ColwiseParallel(),
                                                   "down": tp.RowwiseParallel()})
     optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-2) for k, m in models.items()}
+    root, ext = os.path.splitext(args.grad_table or "")
+    tables = {k: GradTable(m, args.grad_table and f"{root}-{broken}-{k}{ext or '.txt'}")
+              for k, m in models.items()}  # whole gradients, for the diff tool
+    verdict = f"every output and weight equal to stock's after {steps} steps, bit for bit"
     for step in range(steps):
         x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))  # the same on all
         outs = {}
@@ -70,23 +79,26 @@ def run(env, mesh, steps=3):
             optimizers[who].zero_grad()
             outs[who] = model(x)
             (outs[who] ** 2).mean().backward()
+            tables[who].record()
             optimizers[who].step()
         weights = {who: [p.to_local() if hasattr(p, "to_local") else p for p in m.parameters()]
                    for who, m in models.items()}
         gaps = [(a.detach() - b.detach()).abs().max().item()
                 for a, b in zip(weights["stock"], weights["minddp"])]
         out_gap = (outs["stock"] - outs["minddp"]).abs().max().item()
-        if out_gap or any(gaps):
+        if (out_gap or any(gaps)) and verdict.startswith("every"):
             ulps = out_gap / (torch.finfo(torch.float32).eps * outs["stock"].abs().max().item())
             names = [n for n, _ in models["minddp"].named_parameters()]
             why = ("forward is right, the gradients are not" if out_gap == 0
                    else "a different summation order, not a wrong result" if ulps <= 16
                    else _bias_factor(outs, base, env.world_size) if step == 0 else "")
-            return (f"parts from stock at step {step}: output off by {out_gap:.3g} ({ulps:.1f}"
-                    f" rounding units){': ' + why if why else ''}; weights by up to"
-                    f" {max(gaps):.3g} ({names[gaps.index(max(gaps))]}); the replicated"
-                    f" embed.weight {_replicas(models['minddp'].embed.weight)}")
-    return f"every output and weight equal to stock's after {steps} steps, bit for bit"
+            verdict = (f"parts from stock at step {step}: output off by {out_gap:.3g}"
+                       f" ({ulps:.1f} rounding units){': ' + why if why else ''}; weights by up"
+                       f" to {max(gaps):.3g} ({names[gaps.index(max(gaps))]}); the replicated"
+                       f" embed.weight {_replicas(models['minddp'].embed.weight)}")
+    for table in tables.values():
+        table.save()  # collective
+    return verdict
 
 
 def _bias_factor(outs, base, world_size):

@@ -159,11 +159,17 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None):
         raise UsageError("parallelize_module on a model already wrapped for data parallelism"
                          " (DDP or fully_shard)", same_on_every_rank=True,
                          hint="split the plain model: tp.py takes one group of ranks, no 2-D mesh")
-    for name in parallelize_plan or {}:  # refuse a wrong plan before any collective
-        if name not in modules:
+    for name, style in (parallelize_plan or {}).items():  # a wrong plan: refused before any
+        if name not in modules:                             # collective
             raise UsageError(f"the plan names {name!r}, which {type(module).__name__} does"
                              f" not have", same_on_every_rank=True,
                              hint="use the names of model.named_modules()")
+        heads = getattr(modules[name.rpartition(".")[0]], "head_dim", None)  # attention's
+        width = getattr(modules[name], "out_features", 0) // dist.get_world_size(group)
+        if isinstance(style, ColwiseParallel) and heads and width % heads:
+            raise UsageError(f"{name!r}: {width} output features per rank is not a whole number"
+                             f" of heads of {heads}", same_on_every_rank=True,
+                             hint="use a world size that divides the number of heads")
     if dist.get_world_size(group) > 1:
         src = dist.get_global_rank(group, 0) if group is not None else 0
         for tensor in module.state_dict().values():

@@ -152,11 +152,13 @@ def test_fsdp_breaks_show_their_damage():
     assert "allocated after forward: 1.01 MB" in free and "equal to the unbroken" in free
 
 
-def test_tp_breaks_show_their_damage():
+def test_tp_breaks_show_their_damage(tmp_path):
     # 2 ranks: each break against stock's parallelize_module, measured (examples/break_tp.py).
-    result = torchrun(2, REPO / "examples" / "break_tp.py", "--break", "all")
+    result = torchrun(2, REPO / "examples" / "break_tp.py", "--break", "all", "--grad-table",
+                      tmp_path / "btp.txt")
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    lines = [line for line in result.stdout.splitlines()  # less "gradient table: ..." lines
+             if line.startswith(("--break", "    "))]
     verdicts = {line.split(":")[0]: nxt for line, nxt in zip(lines, lines[1:])
                 if line.startswith("--break")}
     assert "equal to stock's after 3 steps, bit for bit" in verdicts["--break none"]
@@ -166,3 +168,8 @@ def test_tp_breaks_show_their_damage():
     assert "output off by 0 " in no_reduce and "embed.weight now differs between ranks" in no_reduce
     textbook = verdicts["--break bias-after"]
     assert "a different summation order" in textbook and "still the same on every rank" in textbook
+    # The diff tool, given the textbook's gradient tables and stock's, names the cause.
+    verdict = diff(tmp_path / "btp-bias-after-minddp.txt", tmp_path / "btp-bias-after-stock.txt")
+    assert verdict.returncode == 1 and "different summation order" in verdict.stdout, verdict.stdout
+    verdict = diff(tmp_path / "btp-none-minddp.txt", tmp_path / "btp-none-stock.txt")
+    assert verdict.returncode == 0 and "IDENTICAL" in verdict.stdout, verdict.stdout

@@ -145,7 +145,9 @@ def _mistakes(rank, world_size):
             "uneven": lambda: parallelize_module(MLP(hidden=10 + 1), None,
                                                  {"up": ColwiseParallel()}),
             "wrapped": lambda: parallelize_module(ManualDDP(MLP()), None,
-                                                  {"module.up": ColwiseParallel()})}.items():
+                                                  {"module.up": ColwiseParallel()}),
+            "heads": lambda: parallelize_module(Attention(d=8, heads=1), None,
+                                                {"q": ColwiseParallel()})}.items():
         try:
             make()
             said[what] = None
@@ -199,7 +201,8 @@ def test_tensor_parallel_bitwise_equal_to_parallelize_module(world_size, name):
     ("not in the model", "the plan names 'nope', which MLP does not have"),
     ("not a Linear", "'ln1' is a LayerNorm, not an nn.Linear"),
     ("uneven", "'up': weight dimension 0 has 11 entries, which 2 ranks cannot share equally"),
-    ("wrapped", "parallelize_module on a model already wrapped for data parallelism")])
+    ("wrapped", "parallelize_module on a model already wrapped for data parallelism"),
+    ("heads", "'q': 4 output features per rank is not a whole number of heads of 8")])
 def test_a_wrong_plan_is_one_line_before_any_collective(mistake, message):
     for out in _results(2):
         assert out["mistakes"][mistake] is not None and message in out["mistakes"][mistake]
