@@ -49,9 +49,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from minddp import (GradTable, NeuralNetwork, ReplicaError, ShardSampler, UsageError,
-                    broadcast_parameters, check_replicas, ddp_setup, ddp_teardown,
-                    exit_on_failure, exit_on_usage_error, print0, toy_datasets)
+from minddp import (GradTable, NeuralNetwork, ReplicaError, ShardSampler, broadcast_parameters,
+                    check_replicas, ddp_setup, ddp_teardown, exit_on_failure, print0,
+                    toy_datasets)
 
 
 

@@ -19,9 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches,
-                    ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0,
-                    print_rank, toy_datasets)
+from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, ddp_setup, ddp_teardown,
+                    exit_on_failure, exit_on_usage_error, print0, print_rank, toy_datasets)
 from minddp import ShardSampler
 import minddp.tp as minddp_tp
 from torch.distributed.device_mesh import init_device_mesh

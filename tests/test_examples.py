@@ -51,7 +51,7 @@ def test_three_processes_identical_too(launch):
 def test_gradient_accumulation_matches_stock(launch):
     # Its defaults, as its docstring runs it: 20 examples, 2 ranks: 5 micro-batches per rank
     # and epoch, K=2 -> steps of 2, 2 and 1 micro-batches, 3 steps per epoch (not 5).
-    (stock_run, stock), (run_, manual) = launch(ACCUMULATE, 2, "--ddp", "stock"), launch(ACCUMULATE, 2)
+    (_, stock), (run_, manual) = launch(ACCUMULATE, 2, "--ddp", "stock"), launch(ACCUMULATE, 2)
     verdict = diff(manual, stock)
     assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stdout
     assert "world size 2, 9 steps, 6 parameters" in verdict.stdout

@@ -14,7 +14,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed import tensor as stock_tensor
 from torch.distributed.device_mesh import init_device_mesh
@@ -28,45 +27,8 @@ from helpers import run_ranks
 from minddp import ManualDDP, UsageError
 import minddp.sp
 import minddp.tp
-from minddp.tp import ColwiseParallel, RowwiseParallel, parallelize_module
-
-
-class MLP(nn.Module):
-    def __init__(self, d=8, hidden=16, bias=True):
-        super().__init__()
-        self.up, self.down = nn.Linear(d, hidden, bias=bias), nn.Linear(hidden, d, bias=bias)
-
-    def forward(self, x):
-        return self.down(F.gelu(self.up(x)))
-
-
-class Attention(nn.Module):
-    """Causal self-attention written for tensor parallelism: heads found from q's width."""
-
-    def __init__(self, d=16, heads=4):
-        super().__init__()
-        self.head_dim = d // heads
-        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
-
-    def forward(self, x):
-        B, T, _ = x.shape
-        q, k, v = (lin(x).view(B, T, -1, self.head_dim).transpose(1, 2)
-                   for lin in (self.q, self.k, self.v))  # -1: this rank's heads
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o(y.transpose(1, 2).reshape(B, T, -1))
-
-
-class Block(nn.Module):
-    """A pre-LayerNorm transformer block: attention, then an MLP, each with a residual."""
-
-    def __init__(self, d=16, heads=4):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn, self.mlp = Attention(d, heads), MLP(d, 4 * d)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+from minddp.bench.tp import MLP, Attention, Block  # the benchmark's transformer, small here
+from minddp.tp import ColwiseParallel, parallelize_module
 
 
 PLANS = {  # model: (build, input shape, {submodule: style}, sequence parallel)

@@ -23,7 +23,6 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from tabulate import tabulate
 
-from . import SIZES
 from ..launch import ddp_teardown
 
 # The collectives' names (torch 2.13 and older), and per byte passed, bytes a rank sends on a
