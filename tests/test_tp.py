@@ -27,7 +27,7 @@ from helpers import run_ranks
 from minddp import ManualDDP, UsageError
 import minddp.sp
 import minddp.tp
-from minddp.bench.tp import MLP, Attention, Block  # the benchmark's transformer, small here
+from minddp.bench.transformer import MLP, Attention, Block  # the benchmark's, small here
 from minddp.tp import ColwiseParallel, parallelize_module
 
 

@@ -50,8 +50,6 @@ import statistics  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.tensor import Replicate, Shard  # noqa: E402
 from torch.distributed.tensor import parallel as stock_tp  # noqa: E402
@@ -62,61 +60,9 @@ from ..fsdp import fully_shard  # noqa: E402
 from ..tools.pictures import draw_memory  # noqa: E402
 from .harness import (collect_rows, counting_collectives, machine, print_table,  # noqa: E402
                       time_steps, timed_rounds)
+from .transformer import BLOCKS, TOKENS, WIDTH, Classifier  # noqa: E402
 
-WIDTH, HEADS, TOKENS, BLOCKS = 256, 8, 64, 2
 WAYS = ["DDP", "FSDP", "TP", "TP stock", "TP+SP", "TP+SP stock"]
-
-
-class MLP(nn.Module):
-    def __init__(self, d=8, hidden=16, bias=True):
-        super().__init__()
-        self.up, self.down = nn.Linear(d, hidden, bias=bias), nn.Linear(hidden, d, bias=bias)
-
-    def forward(self, x):
-        return self.down(F.gelu(self.up(x)))
-
-
-class Attention(nn.Module):
-    """Causal self-attention written for tensor parallelism: heads found from q's width."""
-
-    def __init__(self, d=16, heads=4):
-        super().__init__()
-        self.head_dim = d // heads
-        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
-
-    def forward(self, x):
-        B, T, _ = x.shape
-        q, k, v = (lin(x).view(B, T, -1, self.head_dim).transpose(1, 2)
-                   for lin in (self.q, self.k, self.v))  # -1: this rank's heads
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o(y.transpose(1, 2).reshape(B, T, -1))
-
-
-class Block(nn.Module):
-    """A pre-LayerNorm transformer block: attention, then an MLP, each with a residual."""
-
-    def __init__(self, d=16, heads=4):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn, self.mlp = Attention(d, heads), MLP(d, 4 * d)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class Classifier(nn.Module):
-    """Blocks, the mean over this rank's tokens, a 10-way head (the benchmark's loss)."""
-
-    def __init__(self, sequence_parallel=False):
-        super().__init__()
-        self.blocks = nn.Sequential(*(Block(WIDTH, HEADS) for _ in range(BLOCKS)))
-        self.head, self.sequence_parallel = nn.Linear(WIDTH, 10), sequence_parallel
-
-    def forward(self, x):
-        if self.sequence_parallel:  # this rank's slice of the tokens
-            x = x.chunk(dist.get_world_size(), 1)[dist.get_rank()]
-        return self.head(self.blocks(x).mean(1))
 
 
 def plan(tp, sp, sequence):
