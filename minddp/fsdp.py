@@ -3,31 +3,30 @@
     torchrun --nproc_per_node=2 examples/fsdp.py --grad-table runs/fsdp.txt
     pytest tests/test_fsdp.py                  # each rank's shards equal fully_shard's, 1-4 ranks
 
-DDP keeps the whole model on every rank; ZeRO-1 shards the optimizer state; FSDP shards the
-weights too. In the order they appear below:
-  shard           cut each parameter into world_size blocks of rows; a rank keeps one block
+DDP keeps the whole model on every rank; ZeRO-1 shards the optimizer state; FSDP the weights too:
+  shard           cut each parameter into world_size blocks of rows; a rank keeps one, as a
+                  DTensor, so torch's utilities still see the whole weight (as_dtensor)
   unshard         before a unit (a module given to fully_shard) runs, one all_gather puts the
                   blocks together into whole weights;  reshard: right after, free them
   hooks           before the unit's backward, unshard again; when it is done, reduce:
   reduce_scatter  sum the unit's gradients over ranks, hand each rank its block's rows
-Each weight travels twice per step (two all_gathers) besides the reduce_scatter: 3 P (W-1)/W
-where DDP sends 2 P (W-1)/W. Stock's API: `fully_shard(block)` per block, `fully_shard(model)`,
-then the optimizer. Mixed precision and stock's checks: dropin/fsdp.py (`minddp.fully_shard`).
+Use it as stock's: fully_shard(block) per block, fully_shard(model), then build the optimizer.
+Mixed precision and the rest of stock's API: dropin/fsdp.py (`minddp.fully_shard`).
 """
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.autograd import Variable
+from torch.distributed.tensor import DeviceMesh, DTensor, Shard
 from torch.utils._pytree import tree_flatten
 
 
 def fully_shard(module, *, reshard_after_forward=None, process_group=None):
-    """Collective: shard `module`'s parameters (those not in an inner unit) over the ranks.
-    reshard_after_forward: free the whole weights after forward (default: all but the root's)."""
+    """Collective: shard `module`'s parameters (those not in an inner unit) over the ranks."""
     module._fsdp_unit = Unit(module, reshard_after_forward, process_group)
     return module
 
@@ -38,14 +37,15 @@ class Unit:
     def __init__(self, module, reshard_after_forward, group):
         self.module, self.group, self.reshard_after_forward = module, group, reshard_after_forward
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        device = next((p.device for p in module.parameters() if not p.is_meta), torch.device("cpu"))
+        self.mesh = DeviceMesh.from_group(group or dist.group.WORLD, device.type)  # for DTensor
         self.inner = [m._fsdp_unit for m in module.modules() if hasattr(m, "_fsdp_unit")]
         self.params = [self.shard(*owned) for owned in self.owned_parameters()]
         self.is_unsharded, self._backward_done, self._callback_queued = False, True, False
         self.root, self.units = self, [self, *self.inner]  # the root, until an outer unit claims it
-        for unit in self.inner:
+        for unit in self.inner:  # reshard_after_forward: by default, all but the root's
             unit.root, unit.units = self, []
-            if unit.reshard_after_forward is None:  # by default only the root keeps its weights
-                unit.reshard_after_forward = True
+            unit.reshard_after_forward = unit.reshard_after_forward is not False
         module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
         module.register_forward_hook(self._post_forward)
 
@@ -59,39 +59,45 @@ class Unit:
     @torch.no_grad()
     def shard(self, name, users, param):
         """Collective: rank 0's weights to every rank (as DDP starts); keep this rank's rows."""
-        if self.world_size > 1:
+        if self.world_size > 1 and not param.is_meta:  # (meta: no values yet, see dropin)
             src = dist.get_global_rank(self.group, 0) if self.group else 0
             dist.broadcast(param, src=src, group=self.group)
         rows = math.ceil(param.shape[0] / self.world_size)  # torch.chunk's block: the last
         start = min(self.rank * rows, param.shape[0])       # blocks may be short or empty
-        shard = torch.nn.Parameter(param[start:start + rows].clone(), param.requires_grad)
         # The whole weight the module computes with: same shape, storage freed between uses.
         full = torch.nn.Parameter(torch.empty_like(param), param.requires_grad)
         full.untyped_storage().resize_(0)
+        shard = torch.nn.Parameter(self.as_dtensor(param[start:start + rows].clone(), full),
+                                   param.requires_grad)
         p = Param(name, users, shard, full, rows, rows * math.prod(param.shape[1:]))
         p.show(shard)  # the model's parameters are now the shards
         return p
+
+    def as_dtensor(self, block, full):
+        """Our rows of `full` as a DTensor, "Shard(0) of full's shape on the mesh": clip_grad_norm_
+        on a plain block clips each rank by its own rows' norm; on a DTensor, by the whole's."""
+        return DTensor.from_local(block, self.mesh, [Shard(0)], run_check=False,
+                                  shape=full.shape, stride=full.stride())
 
     @torch.no_grad()
     def unshard(self):
         """Collective: all_gather the unit's blocks; the module then holds whole weights."""
         if self.is_unsharded or not self.params:  # (a root may have no parameters of its own)
             return
-        # One flat buffer for the whole unit, each block padded to `rows` rows: one collective,
-        # and every rank's piece the same size (all_gather needs that).
+        # One flat buffer, each block padded to `rows` rows: one collective, pieces of one size.
         sizes = [p.block_numel for p in self.params]
         gathered = self.params[0].full.new_empty(self.world_size * sum(sizes))
         flat = gathered.view(self.world_size, -1)[self.rank]  # our slot: gathered in place
         for p, piece in zip(self.params, flat.split(sizes)):
-            piece[:p.shard.numel()].copy_(p.shard.reshape(-1))
-            piece[p.shard.numel():].zero_()  # the padding rows
+            block = p.shard.to_local()  # the DTensor's rows on this rank (a plain tensor)
+            piece[:block.numel()].copy_(block.reshape(-1))
+            piece[block.numel():].zero_()  # the padding rows
         if self.world_size > 1:
             dist.all_gather_single(gathered, flat, group=self.group)
         for p, piece in zip(self.params, gathered.view(self.world_size, -1).split(sizes, dim=1)):
             p.full.untyped_storage().resize_(p.full.numel() * p.full.element_size())
-            # piece[r] is rank r's block; the weight is the blocks one after another, less
-            # the padding. `.data` writes without bumping the version counter: autograd saved
-            # `full` in an earlier forward and must find the same tensor, refilled, in backward.
+            # piece[r] is rank r's block. `.data` writes without bumping the version counter:
+            # autograd saved `full` in an earlier forward and must find it, refilled, in backward.
             for r, block in enumerate(p.full.data.view(-1).split(p.block_numel)):
                 block.copy_(piece[r, :block.numel()])
             p.show(p.full)
@@ -107,20 +113,20 @@ class Unit:
 
     def _pre_forward(self, module, args, kwargs):
         self.unshard()
-        inputs = [t for t in tree_flatten((args, kwargs))[0]
-                  if torch.is_tensor(t) and t.requires_grad]
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if getattr(t, "requires_grad", 0)]
         if inputs and torch.is_grad_enabled():
-            # The gradients reach the unit's inputs only after every gradient inside the unit
-            # is computed: when all have arrived, the unit's backward is done.
-            torch.autograd.graph.register_multi_grad_hook(inputs, lambda _: self.post_backward())
+            # Gradients reach the unit's inputs last: when all have arrived, its backward is done.
+            unit = weakref.ref(self)  # (autograd may hold a hook longer than the model lives)
+            torch.autograd.graph.register_multi_grad_hook(inputs, lambda _: unit().post_backward())
 
     def _post_forward(self, module, args, output):
         if self.reshard_after_forward:
             self.reshard()
         if torch.is_grad_enabled():
+            unit = weakref.ref(self)
             for t in tree_flatten(output)[0]:
                 if torch.is_tensor(t) and t.requires_grad:  # backward enters the unit here
-                    t.register_hook(self._pre_backward)
+                    t.register_hook(lambda grad: unit()._pre_backward(grad))
             self._backward_done = False
         return output
 
@@ -129,7 +135,7 @@ class Unit:
             self.unshard()  # gathered again: the weights were freed after forward
             if not self.root._callback_queued:  # once per backward: after autograd's last node
                 self.root._callback_queued = True
-                Variable._execution_engine.queue_callback(self.root._end_of_backward)
+                torch.autograd.Variable._execution_engine.queue_callback(self.root._end_of_backward)
         return grad
 
     def post_backward(self):
@@ -145,34 +151,29 @@ class Unit:
             p.shard.grad = grad if p.shard.grad is None else p.shard.grad + grad
 
     def _end_of_backward(self):
-        # Units whose inputs need no gradient (the first block, the root) have no hook on
-        # their inputs: their gradients are complete now, at the end of backward.
+        # Units whose inputs need no gradient (the first block, the root) hook no inputs: now.
         self._callback_queued = False
         for unit in reversed(self.units):
             unit.post_backward()
 
     @torch.no_grad()
     def reduce_scatter(self, params, grads):
-        """Collective: each whole gradient summed over ranks; returns this rank's rows, averaged."""
-        # Lay the gradients out as the all_gather did: row r of `flat` holds every
-        # parameter's block r (zero-padded), the part rank r keeps.
+        """Collective: sum each whole gradient over ranks; return our rows, averaged (DTensors)."""
+        # Laid out as the all_gather's: row r of `flat` holds every parameter's block r, padded.
         flat = torch.cat([F.pad(g.reshape(len(g), -1), (0, 0, 0, p.rows * self.world_size - len(g)))
                           .view(self.world_size, -1) for p, g in zip(params, grads)], dim=1)
-        mine = flat.view(-1)  # one rank: its own sum is the average
-        if self.world_size > 1:
-            mine = flat.new_empty(flat.shape[1])
-            # AVG, as stock asks (gloo sums, then divides by world_size; DDP multiplies by
-            # 1/world_size first: at 3 ranks the last bit can differ).
+        mine = flat.view(-1) if self.world_size == 1 else flat.new_empty(flat.shape[1])
+        if self.world_size > 1:  # AVG, as stock asks (gloo sums, then divides; DDP scales first)
             dist.reduce_scatter_single(mine, flat.view(-1), op=dist.ReduceOp.AVG, group=self.group)
-        pieces = mine.split([p.block_numel for p in params])
-        return [piece[:p.shard.numel()].view(p.shard.shape) for p, piece in zip(params, pieces)]
+        pieces = mine.split([p.block_numel for p in params])  # our rows, then padding
+        return [self.as_dtensor(piece[:p.shard.to_local().numel()].view_as(p.shard.to_local()),
+                                p.full) for p, piece in zip(params, pieces)]
 
 
 @dataclass
 class Param:  # one sharded parameter: its block (what the optimizer updates), its whole weight
     name: str; users: list; shard: torch.nn.Parameter; full: torch.nn.Parameter  # noqa: E702
-    rows: int  # rows per block: the padded dim 0 / world_size
-    block_numel: int  # elements per block, padding included
+    rows: int; block_numel: int  # rows per block (padded dim 0 / world_size), elements  # noqa
 
     def show(self, tensor):  # every module that holds it now holds `tensor` (shard or whole)
         for module, attr in self.users:

@@ -125,7 +125,7 @@ def _case(rank, name, opt, reshard, bf16, ours, steps=3):
             optimizer.step()
         stock = dict(models[0].named_parameters())
         ours = dict(models[1].named_parameters())
-        differ = [n for n in stock if not torch.equal(stock[n].to_local(), ours[n].detach())]
+        differ = [n for n in stock if not torch.equal(stock[n].to_local(), ours[n].to_local())]
         verdicts.append(differ[:1] or "equal")
     return verdicts
 
@@ -185,7 +185,8 @@ def _whole_tensors(rank):
         fully_shard(unit)
     load_full_state_dict(other, weights)
     ours = dict(models[1].named_parameters())
-    reloaded = all(torch.equal(p, ours[n]) for n, p in other.named_parameters())
+    reloaded = all(torch.equal(p.to_local(), ours[n].to_local())
+                   for n, p in other.named_parameters())
     return same_weights, same_grads, reloaded, len(weights) == len(stock_weights)
 
 

@@ -13,6 +13,12 @@ fully_shard, each piece an override of one lesson method:
   checks           the same model on every rank (before any collective), one dtype per unit,
                    no scalar parameter, fully_shard once per module; an optimizer built
                    before sharding holds replaced parameters: refused at its first step
+  meta device      a model built under torch.device("meta") is sharded without values;
+                   to_empty() and its init then give the shards values (adopt_registered_shards)
+  checkpointing    a unit's forward run again inside backward (torch.utils.checkpoint) gathers
+                   and keeps its weights: it neither frees them nor hooks a second backward
+  module API       the module becomes an FSDPModule (fsdp_module.py): unshard(), reshard(),
+                   prefetching, set_requires_gradient_sync, ...          (hooks, post_backward)
   torch versions   the lesson's collectives under their names before torch 2.13
 """
 
@@ -20,11 +26,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_map_only
 
 from .. import UsageError, fsdp
 from ..broadcast import check_same_model
+from .fsdp_module import FSDPModule, as_fsdp_module
 
 # torch 2.13 names the collectives all_gather_single and reduce_scatter_single, as the
 # lesson calls them; older releases have the same functions under their earlier names.
@@ -43,20 +51,49 @@ class MixedPrecisionPolicy:
     cast_forward_inputs: bool = True
 
 
-def fully_shard(module, *, reshard_after_forward=None, mp_policy=None, process_group=None):
-    """Shard `module`'s parameters (those not in an inner unit) over the ranks; returns module.
+def fully_shard(module, *, mesh=None, reshard_after_forward=None, mp_policy=None,
+                process_group=None, **stock_only):
+    """Shard `module`'s parameters (those not in an inner unit) over the ranks; returns module,
+    now an FSDPModule.
 
     Collective: call on every rank. Inner blocks first, the root last; then build the optimizer.
+    mesh: a 1-D DeviceMesh (or process_group); default: every rank.
     reshard_after_forward: free the whole weights after forward (default: yes, but the root's
     are kept, as stock keeps them: its backward starts at once and would gather them again).
     """
-    if hasattr(module, "_fsdp_unit"):
+    _refuse_stock_only(module, mesh, reshard_after_forward, stock_only)
+    if isinstance(module, FSDPModule) or hasattr(module, "_fsdp_unit"):
         raise UsageError(f"fully_shard was already applied to this {type(module).__name__}",
                          hint="call fully_shard once per module", same_on_every_rank=True)
     _refuse_stale_optimizers()
+    group = mesh.get_group() if mesh is not None else process_group
     module._fsdp_unit = Unit(module, reshard_after_forward, mp_policy or MixedPrecisionPolicy(),
-                             process_group)
-    return module
+                             group)
+    return as_fsdp_module(module)
+
+
+def _refuse_stock_only(module, mesh, reshard_after_forward, stock_only):
+    """One line for each stock argument minddp does not implement, before any collective."""
+    unset = {"shard_placement_fn": None, "ignored_params": None, "dp_mesh_dims": None}
+    for name, value in stock_only.items():
+        if name == "offload_policy" and type(value).__name__ == "OffloadPolicy":
+            continue  # stock's default: no offloading
+        if name not in unset and name != "offload_policy":
+            raise TypeError(f"fully_shard() got an unexpected keyword argument {name!r}")
+        if value is not unset.get(name):
+            raise UsageError(f"fully_shard({name}=...) is not implemented in minddp",
+                             hint="use stock's fully_shard for it", same_on_every_rank=True)
+    if isinstance(module, (list, tuple)):
+        raise UsageError("fully_shard of a list of modules (one group for several) is not"
+                         " implemented in minddp", hint="fully_shard each module, or a"
+                         " module that holds them", same_on_every_rank=True)
+    if mesh is not None and mesh.ndim != 1:
+        raise UsageError(f"fully_shard on a {mesh.ndim}-D mesh (HSDP) is not implemented in"
+                         " minddp", hint="pass a 1-D mesh", same_on_every_rank=True)
+    if not isinstance(reshard_after_forward, (bool, type(None))):
+        raise UsageError(f"reshard_after_forward={reshard_after_forward!r}: minddp reshards"
+                         " to the whole mesh or not at all", hint="pass True or False",
+                         same_on_every_rank=True)
 
 
 class Unit(fsdp.Unit):
@@ -64,6 +101,8 @@ class Unit(fsdp.Unit):
 
     def __init__(self, module, reshard_after_forward, mp_policy, group):
         self.mp = mp_policy
+        self.requires_gradient_sync, self.reshard_after_backward = True, True
+        self.forward_prefetch, self.backward_prefetch, self._holding = [], [], False
         super().__init__(module, reshard_after_forward, group)
 
     def owned_parameters(self):
@@ -109,21 +148,109 @@ class Unit(fsdp.Unit):
     def _pre_forward(self, module, args, kwargs):
         if self.mp.cast_forward_inputs and self.mp.param_dtype is not None:
             args, kwargs = _cast_floats((args, kwargs), self.mp.param_dtype)
+        if _in_backward():  # activation checkpointing recomputes this unit's forward
+            self.unshard()
+            if torch.is_grad_enabled():  # (reentrant: the first forward ran without autograd)
+                self._backward_done = False  # reduced at the end of backward
+            return args, kwargs
         super()._pre_forward(module, args, kwargs)  # the backward hook sees the cast inputs
+        for unit in self.forward_prefetch:
+            unit.unshard()
         return args, kwargs
 
     def _post_forward(self, module, args, output):
-        output = super()._post_forward(module, args, output)
+        if not _in_backward():  # a recomputation keeps the weights: backward needs them next
+            output = super()._post_forward(module, args, output)
         if self.mp.output_dtype is None:
             return output
         return _cast_floats(output, self.mp.output_dtype)
+
+    def _pre_backward(self, grad):
+        if not self._backward_done:
+            for unit in self.backward_prefetch:
+                if not unit._backward_done:  # (one already reduced would keep stale weights)
+                    unit.unshard()
+        return super()._pre_backward(grad)
+
+    def unshard(self):
+        self.adopt_registered_shards()
+        super().unshard()
+
+    def reshard(self):
+        if not self._holding:
+            super().reshard()
+
+    def post_backward(self):
+        if self._backward_done:
+            return
+        if self.requires_gradient_sync:
+            self._holding = not self.reshard_after_backward
+            try:
+                return super().post_backward()
+            finally:
+                self._holding = False
+        self._backward_done = True  # no sync: keep the sum of the whole gradients, reduce later
+        for p in self.params:
+            if p.full.grad is not None:
+                grad = p.full.grad.to(self.mp.reduce_dtype or p.full.grad.dtype)
+                p.accumulated = grad if getattr(p, "accumulated", None) is None else \
+                    p.accumulated.add_(grad)  # as stock: in the reduce dtype
+                p.full.grad = None
+        if self.reshard_after_backward:
+            self.reshard()
+
+    def _end_of_backward(self):
+        super()._end_of_backward()
+        for unit in self.units:  # a unit prefetched but never run must not keep its weights
+            if unit.is_unsharded and unit.reshard_after_backward and unit is not self:
+                unit.reshard()
 
     def reduce_scatter(self, params, grads):
         # The cast commutes with the lesson's padding and concatenation: reduced in
         # reduce_dtype (default: the gradients' own), kept in the shard's dtype.
         dtype = self.mp.reduce_dtype or grads[0].dtype
-        blocks = super().reduce_scatter(params, [g.to(dtype) for g in grads])
+        grads = [g.to(dtype) for g in grads]
+        for i, p in enumerate(params):  # the backwards without sync, summed in
+            if getattr(p, "accumulated", None) is not None:
+                grads[i], p.accumulated = p.accumulated.add_(grads[i]), None
+        blocks = super().reduce_scatter(params, grads)
         return [block.to(p.shard.dtype) for p, block in zip(params, blocks)]
+
+    @torch.no_grad()
+    def adopt_registered_shards(self):
+        """Take as this unit's shards what the module holds now: to_empty(), to() and
+        load_state_dict(assign=True) register new tensors (meta -> real ones, or loaded)."""
+        if self.is_unsharded:
+            return
+        for p in self.params:
+            owner, attr = p.users[0]
+            held = owner._parameters[attr]
+            if held is p.shard and held.device == p.full.device:
+                continue
+            if not isinstance(held, DTensor) or held.shape != p.full.shape:
+                raise UsageError(f"parameter {p.name!r} of a fully_shard unit was replaced by a"
+                                 f" {type(held).__name__} of shape {list(held.shape)}",
+                                 hint="load a sharded state_dict (DTensors, e.g. from"
+                                      " get_model_state_dict) or use set_model_state_dict")
+            local = held.to_local()
+            if held.device_mesh.device_type != local.device.type:  # built on meta, now real
+                self.mesh = type(self.mesh).from_group(self.group or dist.group.WORLD,
+                                                      local.device.type)
+                held = self.as_dtensor(local, p.full)
+            if held is not p.shard:
+                p.shard._fsdp_replaced_by = held
+                p.shard = held if isinstance(held, torch.nn.Parameter) else \
+                    torch.nn.Parameter(held, p.shard.requires_grad)
+            dtype = self.mp.param_dtype or local.dtype
+            p.full = torch.nn.Parameter(torch.empty(p.full.shape, dtype=dtype, device=local.device),
+                                        p.shard.requires_grad)
+            p.full.untyped_storage().resize_(0)
+            p.show(p.shard)
+
+
+def _in_backward():
+    """True inside autograd's backward: a forward run now is a checkpoint's recomputation."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def _cast_floats(obj, dtype):

@@ -2,15 +2,24 @@
 
     torchrun --nproc_per_node=2 examples/fsdp.py --grad-table runs/fsdp.txt   # full_gradients
 
-fsdp.py (and minddp.fully_shard on top of it) keeps each parameter as this rank's block of
-rows. Saving a checkpoint that any world size can load, or comparing gradients with DDP's,
-needs the whole tensors: one all_gather per parameter puts the blocks back together (and
-drops the padding rows); loading cuts each whole tensor into the same blocks again.
+fsdp.py (and minddp.fully_shard on top of it), like stock's fully_shard, keeps each parameter
+as this rank's block of rows inside a DTensor that knows the whole shape. Saving a checkpoint
+any world size can load, or comparing gradients with DDP's, needs the whole tensors:
+`full_tensor()` all_gathers the blocks (and drops the padding rows); loading cuts each whole
+tensor into the same blocks again (`distribute_tensor`, each rank from its own copy). For
+checkpoints in PyTorch's own format, torch.distributed.checkpoint works on these models as on
+stock's (docs/fsdp.md).
 """
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+
+def _reshard_all(module):
+    # A unit kept unsharded (the root, after forward) shows its shards again.
+    for m in module.modules():
+        if hasattr(m, "_fsdp_unit"):
+            m._fsdp_unit.reshard()
 
 
 @torch.no_grad()
@@ -19,20 +28,22 @@ def full_state_dict(module):
 
     Collective: call on every rank. Every rank gets the whole dict; save it on rank 0.
     """
-    return {name: _gather(unit, p, p.shard) if p else t
-            for name, t, unit, p in _entries(module)}
+    _reshard_all(module)
+    return {name: t.full_tensor() if isinstance(t, DTensor) else t
+            for name, t in module.state_dict().items()}
 
 
 @torch.no_grad()
 def load_full_state_dict(module, state_dict):
     """Load a whole state_dict (full_state_dict's, or the unsharded model's): each rank keeps
     its rows of every sharded parameter."""
+    _reshard_all(module)
     local = {}
-    for name, t, unit, p in _entries(module):
+    for name, t in module.state_dict().items():
         value = state_dict[name]
-        if p:
-            start = min(unit.rank * p.rows, value.shape[0])
-            value = value[start:start + p.rows]
+        if isinstance(t, DTensor):  # src_data_rank=None: from this rank's copy, no collective
+            value = distribute_tensor(value.to(t.device), t.device_mesh, t.placements,
+                                      src_data_rank=None)
         local[name] = value
     module.load_state_dict(local)
 
@@ -44,32 +55,12 @@ def full_gradients(module):
     Collective: call on every rank. None for a parameter without a gradient (a sharded one
     that requires grad but got none on some rank: NaN, its whole shape).
     """
-    return {name: _gather(unit, p, p.shard.grad if p.shard.grad is not None
-                          else torch.full_like(p.shard, float("nan")))
-            if p and p.shard.requires_grad else (None if p else t.grad)
-            for name, t, unit, p in _entries(module, params_only=True)}
-
-
-def _entries(module, params_only=False):
-    """(name, tensor, unit, _Param or None) for module's state_dict entries, shards resharded."""
-    shards = {}
-    for unit in [m._fsdp_unit for m in module.modules() if hasattr(m, "_fsdp_unit")]:
-        unit.reshard()  # a unit kept unsharded (the root, after forward) shows its shards again
-        shards.update({id(p.shard): (unit, p) for p in unit.params})
-    if params_only:
-        items = module.named_parameters(remove_duplicate=False)
-    else:
-        items = module.state_dict(keep_vars=True).items()
-    return [(name, t, *shards.get(id(t), (None, None))) for name, t in items]
-
-
-def _gather(unit, p, shard):
-    """All-gather one parameter's blocks (or its gradient's) into the whole tensor."""
-    shard = shard.detach()
-    block = F.pad(shard.reshape(len(shard), -1), (0, 0, 0, p.rows - len(shard)))  # zero rows
-    whole = block.new_empty(unit.world_size * p.rows, *shard.shape[1:])
-    if unit.world_size > 1:
-        dist.all_gather_single(whole, block.view(p.rows, *shard.shape[1:]), group=unit.group)
-    else:
-        whole.view(-1).copy_(block.view(-1))
-    return whole[:p.full.shape[0]]
+    _reshard_all(module)
+    whole = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if not isinstance(p, DTensor):
+            whole[name] = p.grad
+        elif p.requires_grad:  # every rank gathers, a missing gradient as NaN: no rank waits
+            whole[name] = (p.grad if p.grad is not None
+                           else torch.full_like(p, float("nan"))).full_tensor()
+    return whole
