@@ -9,7 +9,9 @@ without changing the lessons' arithmetic, everything stock's API promises beside
     comm_hooks.py     a communication hook written out (fp16), and how a hook's result is read
     unused.py         find_unused_parameters: which parameters a forward did not reach
     join.py           join(): uneven inputs by stock's protocol
-    fsdp.py           minddp.fully_shard: mixed precision, tied weights, stock's checks on fsdp.py
+    fsdp.py           minddp.fully_shard: mixed precision, tied weights, meta init, activation
+                      checkpointing, stock's checks, on fsdp.py
+    fsdp_module.py    FSDPModule: stock's module API (unshard, prefetching, no-sync), refusals
 Each is proved bitwise against stock in tests/ (test_contract, test_join, test_dropin,
-test_fsdp); docs/dropin.md shows the swap.
+test_fsdp, test_fsdp_example); docs/dropin.md and docs/fsdp.md show the swap.
 """
