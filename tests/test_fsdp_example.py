@@ -167,6 +167,11 @@ def _resume(impl, path, mixed_precision, prefetch):
     return model, optimizer
 
 
+def _layout(path):
+    """What a checkpoint's .metadata says of each tensor: shape, dtype, each rank's chunk."""
+    return dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+
+
 def _equal(a, b):
     return all(torch.equal(a[k], b[k]) for k in a) and a.keys() == b.keys()
 
@@ -198,7 +203,8 @@ def _example(rank, world_size, folder, mixed_precision, prefetch):
     files = sorted(p.name for p in Path(stock[3]).iterdir())
     verdict["checkpoint files"] = files == sorted(p.name for p in Path(ours[3]).iterdir()) and \
         all((Path(stock[3]) / f).read_bytes() == (Path(ours[3]) / f).read_bytes()
-            for f in files if f != ".metadata")
+            for f in files if f != ".metadata") and \
+        _layout(stock[3]) == _layout(ours[3])
     verdict["resumed: losses and norms"] = ours[4] == stock[4]
     verdict["resumed: shards, weights, state"] = all(_equal(ours[5][i], stock[5][i])
                                                      for i in range(3))
