@@ -49,7 +49,7 @@ def fsdp_rows(tmp_path_factory):
 def test_fsdp_bench_measures_what_each_zero_stage_keeps_and_sends(fsdp_rows):
     by = fsdp_rows[0]
     assert list(by) == ["DDP", "ZeRO-1", "FSDP no reshard", "stock no reshard", "FSDP",
-                        "stock fully_shard"]
+                        "stock fully_shard", "FSDP prefetch", "stock prefetch"]
     whole = by["DDP"]["model MB"]  # 0.27M float32 parameters; widths divide by 2: no padding
     assert by["DDP"]["params"] == by["DDP"]["grads"] == by["DDP"]["unsharded"] == whole
     assert by["DDP"]["optimizer"] == pytest.approx(2 * whole, rel=1e-4)  # + AdamW's step counts
@@ -65,8 +65,16 @@ def test_fsdp_bench_measures_what_each_zero_stage_keeps_and_sends(fsdp_rows):
     # The ring model: DDP 2 x P (W-1)/W; ZeRO-1 and ZeRO-3 3 x; ZeRO-2-like 2 x.
     sent = {way: round(r["sent / P"], 2) for way, r in by.items()}
     assert sent == {"DDP": 2.0, "ZeRO-1": 3.0, "FSDP no reshard": 2.0, "stock no reshard": 2.0,
-                    "FSDP": 3.0, "stock fully_shard": 3.0}
+                    "FSDP": 3.0, "stock fully_shard": 3.0, "FSDP prefetch": 3.0,
+                    "stock prefetch": 3.0}
     assert by["FSDP"]["passed MB"] == {"all_gather": 2 * whole, "reduce_scatter": whole}
+    # Prefetching moves the gathers, it sends the same bytes; the next layer is whole early,
+    # so more is gathered at the peak; the prefetch thread's time was measured.
+    for column in ("params", "grads", "optimizer", "passed MB"):
+        assert by["FSDP prefetch"][column] == by["FSDP"][column], column
+    assert by["FSDP prefetch"]["unsharded"] > by["FSDP"]["unsharded"]
+    gathering, waited = by["FSDP prefetch"]["prefetch ms"]
+    assert gathering > 0 and waited >= 0
 
 
 def test_memory_picture_draws_the_measured_bytes(fsdp_rows, tmp_path):

@@ -4,9 +4,11 @@
     minddp fsdp-bench --world-sizes 2 --sizes 4M --rounds 10
     minddp fsdp-bench --sizes 4M --png runs/zero-memory.png   # the picture
 
-AdamW on the benchmark's MLPs (harness.py), six ways: DDP (ManualDDP), ZeRO-1 (ManualDDP with
+AdamW on the benchmark's MLPs (harness.py), eight ways: DDP (ManualDDP), ZeRO-1 (ManualDDP with
 ShardedOptimizer), FSDP with reshard_after_forward=False (weights kept from forward to
-backward: ZeRO-2-like) and True (ZeRO-3), each as the lesson's fully_shard and stock's; every
+backward: ZeRO-2-like) and True (ZeRO-3), each as the lesson's fully_shard and stock's, and
+ZeRO-3 with explicit prefetching (each layer gathers the next one's weights in forward, the
+previous one's in backward) as minddp.fully_shard (on its prefetch thread) and stock's; every
 Linear layer is a unit. Per rank, the largest over ranks, in MB:
 
   params      parameter tensors held between steps (whole, or this rank's shards)
@@ -59,6 +61,8 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.fsdp import fully_shard as stock_fully_shard  # noqa: E402
 
 from ..dropin.ddp import ManualDDP  # noqa: E402
+from ..dropin import fsdp_prefetch  # noqa: E402
+from ..dropin.fsdp import fully_shard as dropin_fully_shard  # noqa: E402
 from ..fsdp import Unit, fully_shard  # noqa: E402
 from ..tools.pictures import draw_memory  # noqa: E402
 from ..zero import ShardedOptimizer  # noqa: E402
@@ -66,7 +70,8 @@ from . import SIZES, stock_fsdp  # noqa: E402
 from .harness import (RING, collect_rows, counting_collectives, machine, mlp,  # noqa: E402
                       print_table, time_steps, timed_rounds)
 
-WAYS = ["DDP", "ZeRO-1", "FSDP no reshard", "stock no reshard", "FSDP", "stock fully_shard"]
+WAYS = ["DDP", "ZeRO-1", "FSDP no reshard", "stock no reshard", "FSDP", "stock fully_shard",
+        "FSDP prefetch", "stock prefetch"]
 
 
 
@@ -78,11 +83,16 @@ def build(way, base):
         if way == "ZeRO-1":
             return model, ShardedOptimizer(model.parameters(), torch.optim.AdamW, **kwargs)
         return model, torch.optim.AdamW(model.parameters(), **kwargs)
-    shard = fully_shard if way in ("FSDP", "FSDP no reshard") else stock_fully_shard
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            shard(layer, reshard_after_forward="no reshard" not in way)
+    shard = {"FSDP": fully_shard, "FSDP no reshard": fully_shard,
+             "FSDP prefetch": dropin_fully_shard}.get(way, stock_fully_shard)
+    layers = [layer for layer in model if isinstance(layer, torch.nn.Linear)]
+    for layer in layers:
+        shard(layer, reshard_after_forward="no reshard" not in way)
     shard(model)
+    if way.endswith("prefetch"):  # each layer gathers the next in forward, the one before in
+        for i, layer in enumerate(layers):  # backward, while it computes
+            layer.set_modules_to_forward_prefetch(layers[i + 1:i + 2])
+            layer.set_modules_to_backward_prefetch(layers[max(i - 1, 0):i])
     return model, torch.optim.AdamW(model.parameters(), **kwargs)
 
 
@@ -164,7 +174,10 @@ def fsdp_size(size, args, rank, world_size, device):
         sent[w] = (sum(RING[n] * b for n, b in counts.items()) / model_bytes, counts)
     for w in WAYS:
         time_steps(*built[w], batches[:1] * args.warmup, device, world_size)
+    fsdp_prefetch.seconds.update(gathering=0.0, waited=0.0)
     samples = timed_rounds(built, batches, args.rounds, device, world_size)
+    steps = args.rounds * len(batches)  # (only "FSDP prefetch" uses the prefetch thread)
+    prefetch_ms = [fsdp_prefetch.seconds[k] * 1e3 / steps for k in ("gathering", "waited")]
     stock = statistics.median(samples["stock fully_shard"])
     rows = []
     for w in WAYS:
@@ -179,6 +192,8 @@ def fsdp_size(size, args, rank, world_size, device):
                      "model MB": model_bytes / 2**20, "sent / P": ratio,
                      "passed MB": {_short(n): b / 2**20 for n, b in counts.items() if b},
                      "ms": median * 1e3, "vs stock": median / stock})
+        if w == "FSDP prefetch":  # rank 0's: ms per step gathering on the thread, waited for
+            rows[-1]["prefetch ms"] = prefetch_ms
     return rows
 
 
@@ -205,6 +220,13 @@ def main(args):
     if rows is None:
         return  # a rank other than 0, under torchrun
     print_table(args, [table_row(r) for r in rows], HEADERS, what="way")
+    for r in rows:
+        if "prefetch ms" in r:
+            gathering, waited = r["prefetch ms"]
+            print(f"{r['ranks']} ranks, {r['model']}, FSDP prefetch (rank 0): the prefetch"
+                  f" thread gathered {gathering:.2f} ms per step, the main thread waited"
+                  f" {waited:.2f} ms for it: {1 - waited / gathering:.0%} hidden behind compute"
+                  if gathering else f"{r['ranks']} rank(s): nothing to prefetch")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine(args), "rows": rows}, f, indent=1)

@@ -11,8 +11,8 @@ fully_shard, each piece an override of one lesson method:
   tied weights     a weight two modules of one unit share is sharded once; a weight tied
                    across two units is refused, named                   (owned_parameters)
   checks           the same model on every rank (before any collective), one dtype per unit,
-                   no scalar parameter, fully_shard once per module; an optimizer built
-                   before sharding holds replaced parameters: refused at its first step
+                   no scalar parameter, fully_shard once per module; stock-only arguments and
+                   an optimizer built before sharding: fsdp_checks.py
   meta device      a model built under torch.device("meta") is sharded without values;
                    to_empty() and its init then give the shards values (adopt_registered_shards)
   checkpointing    a unit's forward run again inside backward (torch.utils.checkpoint) gathers
@@ -27,12 +27,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_map_only
 
 from .. import UsageError, fsdp
 from ..broadcast import check_same_model
+from .fsdp_checks import refuse_stale_optimizers, refuse_stock_only
 from .fsdp_module import FSDPModule, as_fsdp_module
+from .fsdp_prefetch import prefetch, wait_for_prefetches
 
 # torch 2.13 names the collectives all_gather_single and reduce_scatter_single, as the
 # lesson calls them; older releases have the same functions under their earlier names.
@@ -61,39 +62,15 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, mp_policy=None
     reshard_after_forward: free the whole weights after forward (default: yes, but the root's
     are kept, as stock keeps them: its backward starts at once and would gather them again).
     """
-    _refuse_stock_only(module, mesh, reshard_after_forward, stock_only)
+    refuse_stock_only(module, mesh, reshard_after_forward, stock_only)
     if isinstance(module, FSDPModule) or hasattr(module, "_fsdp_unit"):
         raise UsageError(f"fully_shard was already applied to this {type(module).__name__}",
                          hint="call fully_shard once per module", same_on_every_rank=True)
-    _refuse_stale_optimizers()
+    refuse_stale_optimizers()
     group = mesh.get_group() if mesh is not None else process_group
     module._fsdp_unit = Unit(module, reshard_after_forward, mp_policy or MixedPrecisionPolicy(),
                              group)
     return as_fsdp_module(module)
-
-
-def _refuse_stock_only(module, mesh, reshard_after_forward, stock_only):
-    """One line for each stock argument minddp does not implement, before any collective."""
-    unset = {"shard_placement_fn": None, "ignored_params": None, "dp_mesh_dims": None}
-    for name, value in stock_only.items():
-        if name == "offload_policy" and type(value).__name__ == "OffloadPolicy":
-            continue  # stock's default: no offloading
-        if name not in unset and name != "offload_policy":
-            raise TypeError(f"fully_shard() got an unexpected keyword argument {name!r}")
-        if value is not unset.get(name):
-            raise UsageError(f"fully_shard({name}=...) is not implemented in minddp",
-                             hint="use stock's fully_shard for it", same_on_every_rank=True)
-    if isinstance(module, (list, tuple)):
-        raise UsageError("fully_shard of a list of modules (one group for several) is not"
-                         " implemented in minddp", hint="fully_shard each module, or a"
-                         " module that holds them", same_on_every_rank=True)
-    if mesh is not None and mesh.ndim != 1:
-        raise UsageError(f"fully_shard on a {mesh.ndim}-D mesh (HSDP) is not implemented in"
-                         " minddp", hint="pass a 1-D mesh", same_on_every_rank=True)
-    if not isinstance(reshard_after_forward, (bool, type(None))):
-        raise UsageError(f"reshard_after_forward={reshard_after_forward!r}: minddp reshards"
-                         " to the whole mesh or not at all", hint="pass True or False",
-                         same_on_every_rank=True)
 
 
 class Unit(fsdp.Unit):
@@ -155,29 +132,37 @@ class Unit(fsdp.Unit):
             return args, kwargs
         super()._pre_forward(module, args, kwargs)  # the backward hook sees the cast inputs
         for unit in self.forward_prefetch:
-            unit.unshard()
+            prefetch(unit)  # gathered while this unit computes
         return args, kwargs
 
     def _post_forward(self, module, args, output):
         if not _in_backward():  # a recomputation keeps the weights: backward needs them next
             output = super()._post_forward(module, args, output)
+        if self.root is self:
+            wait_for_prefetches()  # none left in flight between forward and backward
         if self.mp.output_dtype is None:
             return output
         return _cast_floats(output, self.mp.output_dtype)
 
     def _pre_backward(self, grad):
-        if not self._backward_done:
+        first = not self._backward_done
+        grad = super()._pre_backward(grad)  # this unit gathered first, then the prefetches
+        if first:
             for unit in self.backward_prefetch:
                 if not unit._backward_done:  # (one already reduced would keep stale weights)
-                    unit.unshard()
-        return super()._pre_backward(grad)
+                    prefetch(unit)
+        return grad
 
-    def unshard(self):
+    def unshard(self, async_op=False):
+        if async_op:
+            return prefetch(self)
+        wait_for_prefetches()  # a collective of the main thread: after those asked before it
         self.adopt_registered_shards()
         super().unshard()
 
     def reshard(self):
         if not self._holding:
+            wait_for_prefetches()  # (one still gathering this unit would undo the reshard)
             super().reshard()
 
     def post_backward(self):
@@ -201,6 +186,7 @@ class Unit(fsdp.Unit):
 
     def _end_of_backward(self):
         super()._end_of_backward()
+        wait_for_prefetches()
         for unit in self.units:  # a unit prefetched but never run must not keep its weights
             if unit.is_unsharded and unit.reshard_after_backward and unit is not self:
                 unit.reshard()
@@ -208,6 +194,7 @@ class Unit(fsdp.Unit):
     def reduce_scatter(self, params, grads):
         # The cast commutes with the lesson's padding and concatenation: reduced in
         # reduce_dtype (default: the gradients' own), kept in the shard's dtype.
+        wait_for_prefetches()  # a collective of the main thread: after those asked before it
         dtype = self.mp.reduce_dtype or grads[0].dtype
         grads = [g.to(dtype) for g in grads]
         for i, p in enumerate(params):  # the backwards without sync, summed in
@@ -255,25 +242,3 @@ def _in_backward():
 
 def _cast_floats(obj, dtype):
     return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, obj)
-
-
-_hook = None
-
-
-def _refuse_stale_optimizers():
-    """An optimizer built before fully_shard holds the replaced parameters: they never get a
-    gradient again, and step() would silently do nothing. Refuse it at its first step."""
-    global _hook
-    if _hook is None:
-        _hook = register_optimizer_step_pre_hook(_check_optimizer)
-
-
-def _check_optimizer(optimizer, args, kwargs):
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if hasattr(p, "_fsdp_replaced_by"):
-                raise UsageError(
-                    f"{type(optimizer).__name__} holds a parameter of shape {list(p.shape)} that"
-                    " fully_shard replaced by its shard: this optimizer was built before sharding",
-                    hint="call fully_shard first, then build the optimizer from"
-                         " model.parameters()")

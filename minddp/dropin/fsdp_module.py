@@ -8,7 +8,7 @@ Stock's fully_shard swaps the module's class for `FSDP<Class>`, a subclass of bo
 pass, and implements the methods on the lesson's Unit (`module._fsdp_unit`):
   unshard / reshard                     the lesson's all_gather and free, one unit, on demand
   set_modules_to_forward_prefetch       when a unit's forward (backward) starts, gather the
-  set_modules_to_backward_prefetch      listed units' weights too (issued early, not overlapped)
+  set_modules_to_backward_prefetch      listed units' too, on a thread (fsdp_prefetch.py)
   set_requires_gradient_sync            accumulate whole gradients, reduce on the synced step
   set_reshard_after_forward / _backward the lesson's reshard_after_forward; keep the weights
   set_is_last_backward                  accepted: minddp's reductions finish in backward
@@ -18,6 +18,7 @@ Every other method of stock's FSDPModule raises UsageError naming it: never a si
 from torch.distributed.fsdp import FSDPModule as StockFSDPModule
 
 from .. import UsageError
+from .fsdp_prefetch import wait_for_prefetches
 
 
 class FSDPModule(StockFSDPModule):
@@ -29,7 +30,7 @@ class FSDPModule(StockFSDPModule):
 
     def unshard(self, async_op=False):
         """Collective: all_gather this module's own parameters (not recursive), as stock."""
-        self._fsdp_unit.unshard()  # (minddp gathers at once: the handle has nothing to wait for)
+        self._fsdp_unit.unshard(async_op=async_op)  # async: on the prefetch thread
         return UnshardHandle() if async_op else None
 
     def reshard(self):
@@ -78,10 +79,11 @@ class FSDPModule(StockFSDPModule):
 
 
 class UnshardHandle:
-    """What unshard(async_op=True) returns; the all_gather has finished already."""
+    """What unshard(async_op=True) returns: wait() for the all_gather (the module's forward
+    waits for it anyway)."""
 
     def wait(self):
-        pass
+        wait_for_prefetches()
 
 
 def _refusal(name):

@@ -1,0 +1,59 @@
+"""What minddp.fully_shard refuses, each in one line on every rank, before it trains wrong.
+
+    pytest tests/test_fsdp.py tests/test_fsdp_example.py   # each refusal, message by message
+
+fully_shard (fsdp.py) calls these first: stock's arguments minddp does not implement (a
+shard_placement_fn, CPU offloading, a 2-D mesh, ...), and an optimizer built before sharding,
+which holds the replaced parameters: they never get a gradient again, and its step() would
+silently do nothing.
+"""
+
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from .. import UsageError
+
+
+def refuse_stock_only(module, mesh, reshard_after_forward, stock_only):
+    """One line for each stock argument minddp does not implement, before any collective."""
+    unset = {"shard_placement_fn": None, "ignored_params": None, "dp_mesh_dims": None}
+    for name, value in stock_only.items():
+        if name == "offload_policy" and type(value).__name__ == "OffloadPolicy":
+            continue  # stock's default: no offloading
+        if name not in unset and name != "offload_policy":
+            raise TypeError(f"fully_shard() got an unexpected keyword argument {name!r}")
+        if value is not unset.get(name):
+            raise UsageError(f"fully_shard({name}=...) is not implemented in minddp",
+                             hint="use stock's fully_shard for it", same_on_every_rank=True)
+    if isinstance(module, (list, tuple)):
+        raise UsageError("fully_shard of a list of modules (one group for several) is not"
+                         " implemented in minddp", hint="fully_shard each module, or a"
+                         " module that holds them", same_on_every_rank=True)
+    if mesh is not None and mesh.ndim != 1:
+        raise UsageError(f"fully_shard on a {mesh.ndim}-D mesh (HSDP) is not implemented in"
+                         " minddp", hint="pass a 1-D mesh", same_on_every_rank=True)
+    if not isinstance(reshard_after_forward, (bool, type(None))):
+        raise UsageError(f"reshard_after_forward={reshard_after_forward!r}: minddp reshards"
+                         " to the whole mesh or not at all", hint="pass True or False",
+                         same_on_every_rank=True)
+
+
+_hook = None
+
+
+def refuse_stale_optimizers():
+    """An optimizer built before fully_shard holds the replaced parameters: they never get a
+    gradient again, and step() would silently do nothing. Refuse it at its first step."""
+    global _hook
+    if _hook is None:
+        _hook = register_optimizer_step_pre_hook(_check_optimizer)
+
+
+def _check_optimizer(optimizer, args, kwargs):
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if hasattr(p, "_fsdp_replaced_by"):
+                raise UsageError(
+                    f"{type(optimizer).__name__} holds a parameter of shape {list(p.shape)} that"
+                    " fully_shard replaced by its shard: this optimizer was built before sharding",
+                    hint="call fully_shard first, then build the optimizer from"
+                         " model.parameters()")
