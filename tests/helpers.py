@@ -98,6 +98,22 @@ def run_ranks(fn, world_size, *args, timeout=HANG_S, gpu=False):
 TAG = "MINDDP_TEST_TAG"  # every process a test starts carries it, workers too
 
 
+def usage_errors(calls):
+    """{what: the UsageError's message, or None if call() raised nothing} for (what, call) pairs.
+
+    The mistakes a test provokes on spawned ranks, each caught where it is raised, so one
+    spawn reports them all and each test names its own."""
+    from minddp import UsageError
+    said = {}
+    for what, call in calls:
+        try:
+            call()
+            said[what] = None
+        except UsageError as e:
+            said[what] = str(e)
+    return said
+
+
 def tagged_pids(tag):
     """Processes whose environment holds TAG=tag: a run's launcher, workers and orphans alike."""
     needle = f"{TAG}={tag}".encode() + b"\0"

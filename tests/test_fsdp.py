@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy as StockPolicy
 from torch.distributed.fsdp import fully_shard as stock_fully_shard
 
-from helpers import run_ranks
-from minddp import ManualDDP, UsageError
+from helpers import run_ranks, usage_errors
+from minddp import ManualDDP
 from minddp import MixedPrecisionPolicy, fully_shard
 from minddp.fsdp import fully_shard as lesson_fully_shard
 from minddp.tools.whole_tensors import full_gradients, full_state_dict, load_full_state_dict
@@ -192,15 +192,6 @@ def _whole_tensors(rank):
 
 def _mistakes(rank):
     """Each mistake raises one UsageError on every rank (none hangs); the messages."""
-    said = {}
-
-    def caught(what, fn):
-        try:
-            fn()
-            said[what] = None
-        except UsageError as e:
-            said[what] = str(e)
-
     def optimizer_first():
         model = mlp()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -225,11 +216,10 @@ def _mistakes(rank):
     def mixed_dtypes():
         fully_shard(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).double()))
 
-    for what, fn in [("optimizer_first", optimizer_first), ("twice", twice),
-                     ("tied_across_units", tied_across_units),
-                     ("differ_across_ranks", differ_across_ranks), ("mixed_dtypes", mixed_dtypes)]:
-        caught(what, fn)
-    return said
+    return usage_errors([("optimizer_first", optimizer_first), ("twice", twice),
+                         ("tied_across_units", tied_across_units),
+                         ("differ_across_ranks", differ_across_ranks),
+                         ("mixed_dtypes", mixed_dtypes)])
 
 
 def _everything(rank, world_size):

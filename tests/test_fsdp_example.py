@@ -35,8 +35,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 import minddp
-from helpers import run_ranks
-from minddp import UsageError
+from helpers import run_ranks, usage_errors
 
 VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH = 64, 16, 4, 3, 8, 4
 IMPLS = {"stock": (stock_fully_shard, StockPolicy),
@@ -247,9 +246,8 @@ def _no_sync(rank, world_size, mixed_precision):
 
 
 def _refusals(rank, world_size):
-    said = {}
     model, _ = _build("minddp", meta=False)
-    for what, call in [
+    return usage_errors([
             ("set_custom_all_gather", lambda: model.set_custom_all_gather(None)),
             ("set_gradient_divide_factor", lambda: model.set_gradient_divide_factor(2.0)),
             ("_get_fsdp_state", lambda: model._get_fsdp_state()),
@@ -257,13 +255,7 @@ def _refusals(rank, world_size):
                                                               shard_placement_fn=lambda p: None)),
             ("deepcopy", lambda: __import__("copy").deepcopy(model)),
             ("prefetch a plain module", lambda: model.set_modules_to_forward_prefetch(
-                [nn.Linear(2, 2)]))]:
-        try:
-            call()
-            said[what] = None
-        except UsageError as e:
-            said[what] = str(e)
-    return said
+                [nn.Linear(2, 2)]))])
 
 
 EXAMPLES = [(False, False), (True, False), (False, True), (True, True)]
