@@ -19,6 +19,7 @@ COMMANDS = {  # subcommand: (module, what it does)
     "zero-bench": ("minddp.bench.zero", "ZeRO-1: optimizer state per rank, step time"),
     "fsdp-bench": ("minddp.bench.fsdp", "DDP, ZeRO-1/2/3 and stock fully_shard: bytes and time"),
     "tp-bench": ("minddp.bench.tp", "tensor parallel vs stock: bytes sent, memory, step time"),
+    "pp-bench": ("minddp.bench.pp", "pipeline vs stock: the bubble per stage, activations"),
 }
 
 

@@ -41,11 +41,12 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=False, zero=False,
-                  tp=False):
+                  tp=False, pp=False):
     """An ArgumentParser with the examples' flags; parse it with parse_checked().
 
-    timeline, accumulate, restart, fsdp, zero, tp: add the flags of the examples with those
-    features (fsdp.py and tp.py have no --check-replicas: their ranks hold different slices).
+    timeline, accumulate, restart, fsdp, zero, tp, pp: add the flags of the examples with those
+    features (fsdp.py, tp.py and pipeline.py have no --check-replicas: their ranks hold
+    different slices).
     """
     parser = ArgumentParser(description=doc.split("\n\n")[0],
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,6 +64,15 @@ def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=Fal
     if tp:
         parser.add_argument("--tp", default="manual", choices=["manual", "stock"],
                             help="split with minddp's parallelize_module or stock PyTorch's")
+    elif pp:
+        parser.add_argument("--pp", default="manual", choices=["manual", "stock"],
+                            help="run the stages with minddp.pp or stock"
+                                 " torch.distributed.pipelining")
+        parser.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"],
+                            help="the order of each stage's forwards and backwards")
+        parser.add_argument("--microbatches", type=int, default=2, metavar="M",
+                            help="microbatches per batch (the batch of 4 must divide by it)")
+        parser.set_defaults(factor=4)  # 20 examples: 5 batches of 4 per epoch
     elif not fsdp:
         parser.add_argument("--check-replicas", action="store_true",
                             help="after every optimizer step, check that all ranks"
@@ -101,7 +111,7 @@ def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=Fal
 
 # Flags that name a file the run writes, and flags that count something.
 OUTPUT_FLAGS = ("grad_table", "checkpoint", "timeline", "out")
-AT_LEAST_ONE = ("epochs", "factor", "accumulate")
+AT_LEAST_ONE = ("epochs", "factor", "accumulate", "microbatches")
 
 
 # Flags that each moved out of the lesson's examples into an example of their own.

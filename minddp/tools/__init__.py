@@ -8,6 +8,7 @@ For anyone checking a lesson's claim ("bit for bit equal to stock") or looking i
     timeline.py       backward and each all-reduce recorded from outside, as a Chrome trace
     overlap.py        reading a timeline: the overlap share, a text picture of one step
     pictures.py       the timeline and memory pictures (PNG, matplotlib)
+    bubble.py         the pipeline's bubble: each stage's forwards, backwards, waits (PNG)
     whole_tensors.py  a sharded model's whole weights and gradients (FSDP), to save and compare
 They reach the lessons only from outside (hooks registered after the wrapper's, attributes
 the wrapper left behind), so recording changes no number.

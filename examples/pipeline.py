@@ -1,0 +1,72 @@
+"""Pipeline parallelism: the lesson's model cut into stages, one per rank, microbatches through.
+
+    torchrun --nproc_per_node=2 examples/pipeline.py --grad-table runs/pp.txt
+    torchrun --nproc_per_node=2 examples/pipeline.py --pp stock --grad-table runs/pp-stock.txt
+    minddp diff runs/pp.txt runs/pp-stock.txt          # IDENTICAL (also with --schedule gpipe)
+
+examples/manual_ddp.py with the wrapper replaced: rank s holds stage s of the model's layers
+(minddp/pp.py; docs/pp.md), e.g. at 2 ranks Linear(2, 30), ReLU, Linear(30, 20) on rank 0
+and ReLU, Linear(20, 2) on rank 1. Every rank walks the same batches; each batch of 4 is cut
+into --microbatches pieces that flow forward and back in the --schedule's order, which rank
+prints for the first batch. The last stage computes the loss; a gradient table holds each
+rank's own stage (the other stages' weights, which have no gradient there, as NaN).
+"""
+
+from minddp.run.cli import lesson_parser, parse_checked  # no torch: a typo costs a moment
+
+args = parse_checked(lesson_parser(__doc__, pp=True)) if __name__ == "__main__" else None
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from minddp import (GradTable, NeuralNetwork, ddp_setup, ddp_teardown, exit_on_failure,
+                    exit_on_usage_error, print0, print_rank, toy_datasets)
+from minddp import ShardSampler
+import minddp.pp as minddp_pp
+from torch.distributed import pipelining as stock_pp
+
+
+def main(env, args):
+    torch.manual_seed(args.seed)  # the same seed on every rank: same data, same first weights
+    train_ds, _ = toy_datasets(args.factor)
+    train_loader = DataLoader(
+        dataset=train_ds, batch_size=4, shuffle=False,  # the sampler shuffles, per epoch
+        pin_memory=env.device.type == "cuda", drop_last=True,
+        sampler=ShardSampler(train_ds, num_replicas=1, rank=0))  # every rank all of it
+
+    model = NeuralNetwork(num_inputs=2, num_outputs=2).to(env.device)
+    layers = minddp_pp.stage_layers(model.layers, env.rank, env.world_size)  # this rank's
+    pp = minddp_pp if args.pp == "manual" else stock_pp
+    schedule = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B}[args.schedule](
+        pp.PipelineStage(layers, env.rank, env.world_size, env.device),
+        args.microbatches, loss_fn=F.cross_entropy)
+    optimizer = torch.optim.SGD(layers.parameters(), lr=0.5)  # this stage's weights only
+    grad_table = GradTable(model, args.grad_table)  # other stages' weights: NaN, no gradient
+    first, last = env.rank == 0, env.rank == env.world_size - 1
+
+    for epoch in range(args.epochs):
+        train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        for step, (features, labels) in enumerate(train_loader):
+            features, labels = features.to(env.device), labels.to(env.device)
+            optimizer.zero_grad()
+            losses = []
+            schedule.step(*([features] if first else []), target=labels if last else None,
+                          losses=losses if last else None)
+            grad_table.record(epoch)
+            optimizer.step()
+            if epoch == step == 0 and args.pp == "manual":
+                print_rank(f"stage {env.rank}, {args.schedule}: {' '.join(schedule.stage.log)}")
+            if last:
+                print_rank(f"Epoch: {epoch + 1:03d}/{args.epochs:03d}"
+                           f" | Batchsize {labels.shape[0]:03d}"
+                           f" | Train/Val Loss: {torch.stack(losses).mean():.4f}")  # the batch's
+    grad_table.save()  # collective: rank 0 gathers every rank's rows and writes the file
+
+
+if __name__ == "__main__":
+    with exit_on_failure(), exit_on_usage_error():  # one line and a hint, exit 1 or 2
+        env = ddp_setup(args.backend, args.device, args.timeout)
+        print0(f"PyTorch {torch.__version__} | {env}")  # world size, backend and device
+        main(env, args)
+        ddp_teardown()  # after main() has returned and freed the model: launch.py says why
