@@ -2,7 +2,7 @@
 microbatches flow through the stages, forward and then back.
 
     torchrun --nproc_per_node=2 examples/pipeline.py --pp manual --schedule 1f1b
-    pytest tests/test_pp.py        # losses, gradients, weights and the order: stock's, 2 and 4 stages
+    pytest tests/test_pp.py     # losses, gradients, weights, order: stock's, at 2 and 4 stages
 
 DDP copies the whole model to every rank; a pipeline cuts it: rank s runs only stage s. The
 batch is cut into m microbatches. Each travels forward stage to stage (the activation is
@@ -56,7 +56,8 @@ class PipelineStage:
         self.submod, self.index, self.num_stages, self.group = submodule, stage_index, \
             num_stages, group
         self.is_first, self.is_last = stage_index == 0, stage_index == num_stages - 1
-        rank = (lambda r: dist.get_global_rank(group, r)) if group else (lambda r: r)
+        def rank(r):  # the global rank of stage r (None: no such stage)
+            return dist.get_global_rank(group, r) if group and 0 <= r < num_stages else r
         self.prev, self.next = rank(stage_index - 1), rank(stage_index + 1)
         first = next(submodule.parameters())
         self.device, self.dtype = device or first.device, first.dtype

@@ -173,3 +173,22 @@ def test_tp_breaks_show_their_damage(tmp_path):
     assert verdict.returncode == 1 and "different summation order" in verdict.stdout, verdict.stdout
     verdict = diff(tmp_path / "btp-none-minddp.txt", tmp_path / "btp-none-stock.txt")
     assert verdict.returncode == 0 and "IDENTICAL" in verdict.stdout, verdict.stdout
+
+
+def test_pp_breaks_show_their_damage(tmp_path):
+    # 2 stages against stock's ScheduleGPipe (examples/break_pp.py): the undivided loss is
+    # named a factor of 4 (the microbatches) by the diff tool; a deadlocking order ends
+    # within --timeout on both stages, each naming itself.
+    script = REPO / "examples" / "break_pp.py"
+    result = torchrun(2, script, "--break", "loss-undivided", "--grad-table", tmp_path / "b.txt")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for stage in (0, 1):
+        assert f"stage {stage}: parts from stock at step 0" in result.stdout
+        assert "gradients 4.000x stock's" in result.stdout
+    verdict = diff(tmp_path / "b-minddp.txt", tmp_path / "b-stock.txt")
+    assert verdict.returncode == 1 and "4.000x" in verdict.stdout, verdict.stdout
+    result = torchrun(2, script, "--break", "deadlock", "--timeout", "5")
+    assert result.returncode != 0
+    for stage in (0, 1):
+        assert f"[rank{stage}] error: stage {stage} of 2 (minddp) stuck at step 0: Timed out" \
+            in result.stdout + result.stderr, result.stdout + result.stderr[-2000:]

@@ -88,11 +88,14 @@ def disagreeing_ranks(grads):
     """(step, rank, parameter) where a rank's gradient first differs from rank 0's, else None.
 
     After a synced backward DDP gives every rank the same average: rows that differ
-    between ranks mean the averaging was skipped.
+    between ranks mean the averaging was skipped. A rank whose row is all NaN has no such
+    gradient (a pipeline stage holds only its own layers) and is not compared.
     """
     for step in range(next(iter(grads.values())).shape[0] if grads else 0):
         for name, g in grads.items():
             for rank in range(1, g.shape[1]):
+                if np.isnan(g[step, rank]).all() or np.isnan(g[step, 0]).all():
+                    continue  # a rank without this gradient: another pipeline stage's weight
                 if g[step, rank].tobytes() != g[step, 0].tobytes():
                     return step, rank, name
     return None
