@@ -95,6 +95,33 @@ def run_ranks(fn, world_size, *args, timeout=HANG_S, gpu=False):
                 for r in range(world_size)]
 
 
+# One spawn per world size for the test modules that register their work here: starting
+# ranks (each imports torch) costs seconds, the work itself often less.
+_SHARED, _SHARED_RESULTS = {}, {}
+
+
+def share_spawn(fn, world_sizes, *args):
+    """Register fn(rank, world_size, *args) to run in the spawn that every test module shares
+    at each of `world_sizes` (call at import: the spawn starts with the first result asked)."""
+    for world_size in world_sizes:
+        _SHARED.setdefault(world_size, {})[f"{fn.__module__}.{fn.__name__}"] = (fn, args)
+
+
+def shared_results(fn, world_size):
+    """[fn's result on each rank], from the shared spawn of `world_size` ranks."""
+    if world_size not in _SHARED_RESULTS:
+        _SHARED_RESULTS[world_size] = run_ranks(_run_shared, world_size, _SHARED[world_size])
+    return [out[f"{fn.__module__}.{fn.__name__}"] for out in _SHARED_RESULTS[world_size]]
+
+
+def _run_shared(rank, world_size, work):
+    out = {}
+    for name, (fn, args) in work.items():  # the same order on every rank
+        out[name] = fn(rank, world_size, *args)
+        dist.barrier()  # each module's work ends on every rank before the next begins
+    return out
+
+
 TAG = "MINDDP_TEST_TAG"  # every process a test starts carries it, workers too
 
 

@@ -187,7 +187,7 @@ def test_pp_breaks_show_their_damage(tmp_path):
         assert "gradients 4.000x stock's" in result.stdout
     verdict = diff(tmp_path / "b-minddp.txt", tmp_path / "b-stock.txt")
     assert verdict.returncode == 1 and "4.000x" in verdict.stdout, verdict.stdout
-    result = torchrun(2, script, "--break", "deadlock", "--timeout", "5")
+    result = torchrun(2, script, "--break", "deadlock", "--timeout", "2")
     assert result.returncode != 0
     for stage in (0, 1):
         assert f"[rank{stage}] error: stage {stage} of 2 (minddp) stuck at step 0: Timed out" \

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy as StockPolicy
 from torch.distributed.fsdp import fully_shard as stock_fully_shard
 
-from helpers import run_ranks, usage_errors
+from helpers import share_spawn, shared_results, usage_errors
 from minddp import ManualDDP
 from minddp import MixedPrecisionPolicy, fully_shard
 from minddp.fsdp import fully_shard as lesson_fully_shard
@@ -232,13 +232,11 @@ def _everything(rank, world_size):
     return out
 
 
-_SPAWNED = {}  # world size -> every rank's results: one spawn serves all of its tests
+share_spawn(_everything, [1, 2, 3, 4])  # one spawn per world size serves all its tests
 
 
 def _results(world_size):
-    if world_size not in _SPAWNED:
-        _SPAWNED[world_size] = run_ranks(_everything, world_size)
-    return _SPAWNED[world_size]
+    return shared_results(_everything, world_size)
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)

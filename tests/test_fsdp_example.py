@@ -14,7 +14,9 @@ reentrant and not), gradient accumulation without sync, and the refusals. One sp
 size runs every case; each is a test of its own.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -35,7 +37,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 import minddp
-from helpers import run_ranks, usage_errors
+from helpers import share_spawn, shared_results, usage_errors
 
 VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH = 64, 16, 4, 3, 8, 4
 IMPLS = {"stock": (stock_fully_shard, StockPolicy),
@@ -272,7 +274,7 @@ def _caught(fn, *args):
 
 def _everything(rank, world_size, folder):
     out = {"example": {case: _caught(_example, rank, world_size, folder, *case)
-                       for case in EXAMPLES},
+                       for case in EXAMPLES if world_size == 2 or case == (True, True)},
            "checkpointing": {case: _caught(_checkpointed, rank, world_size, *case)
                              for case in CHECKPOINTING},
            "no_sync": {mp: _caught(_no_sync, rank, world_size, mp) for mp in (False, True)}}
@@ -281,22 +283,21 @@ def _everything(rank, world_size, folder):
     return out
 
 
-_SPAWNED = {}
+FOLDER = tempfile.mkdtemp(prefix="minddp-fsdp-example-")  # the checkpoints: every rank writes
+atexit.register(shutil.rmtree, FOLDER, True)
+share_spawn(_everything, [2, 3], FOLDER)
 
 
 def _results(world_size):
-    if world_size not in _SPAWNED:
-        with tempfile.TemporaryDirectory() as folder:  # the checkpoints: every rank writes
-            _SPAWNED[world_size] = run_ranks(_everything, world_size, folder)
-    return _SPAWNED[world_size]
+    return shared_results(_everything, world_size)
 
 
 def _example_id(case):
     return f"{'bf16' if case[0] else 'fp32'}-{'prefetch' if case[1] else 'no_prefetch'}"
 
 
-@pytest.mark.parametrize("case", EXAMPLES, ids=_example_id)
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size,case", [(2, case) for case in EXAMPLES] + [(3, (True, True))],
+                         ids=lambda v: _example_id(v) if isinstance(v, tuple) else str(v))
 def test_pytorch_fsdp2_example_with_the_import_swapped(world_size, case):
     for rank, out in enumerate(_results(world_size)):
         assert isinstance(out["example"][case], dict), f"rank {rank}: {out['example'][case]}"

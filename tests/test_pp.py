@@ -11,6 +11,8 @@ from stock's stage while it ran, equal to minddp's. Each case is a test of its o
 """
 
 import copy
+import os
+import tempfile
 
 import pytest
 import torch
@@ -21,7 +23,7 @@ from torch.distributed.pipelining import PipelineStage as StockStage
 from torch.distributed.pipelining import Schedule1F1B as StockOneFOneB
 from torch.distributed.pipelining import ScheduleGPipe as StockGPipe
 
-from helpers import run_ranks, usage_errors
+from helpers import share_spawn, shared_results, usage_errors
 from minddp import pp
 
 WIDTH, BATCH = 16, 16
@@ -127,21 +129,35 @@ def _mistakes(rank, world_size):
         ("stages not ranks", lambda: pp.PipelineStage(layers, rank, world_size + 1))])
 
 
+def _bench(rank, world_size):
+    """pp-bench's measurement (bench/pp.py), one small round: its rows, and its picture."""
+    from argparse import Namespace
+    from minddp.bench.pp import pp_size
+    args = Namespace(batch=16, microbatches=[4], warmup=0, rounds=1)
+    rows = pp_size("0.3M", args, rank, world_size, torch.device("cpu"))
+    if rank != 0:
+        return rows, None
+    from minddp.tools.bubble import draw_pipeline
+    import matplotlib.image
+    png = os.path.join(tempfile.mkdtemp(), "bubble.png")
+    drawn = draw_pipeline([r for r in rows if r["events"]], png, "test")
+    return rows, (matplotlib.image.imread(png).shape, drawn)
+
+
 def _everything(rank, world_size):
     out = {"cases": {case: _case(rank, world_size, *case) for case in CASES[world_size]}}
     if world_size == 2:
         dist.barrier()
         out["mistakes"] = _mistakes(rank, world_size)
+        out["bench"] = _bench(rank, world_size)
     return out
 
 
-_SPAWNED = {}
+share_spawn(_everything, [2, 4])
 
 
 def _results(world_size):
-    if world_size not in _SPAWNED:
-        _SPAWNED[world_size] = run_ranks(_everything, world_size)
-    return _SPAWNED[world_size]
+    return shared_results(_everything, world_size)
 
 
 @pytest.mark.parametrize("world_size,case", [(w, c) for w, cs in CASES.items() for c in cs],
@@ -173,3 +189,19 @@ def test_bad_input_is_one_line(mistake, message):
     for out in _results(2):
         said = out["mistakes"][mistake]
         assert said is not None and message in said, said
+
+
+def test_pp_bench_counts_the_microbatches_each_schedule_keeps_alive():
+    # From the order each stage ran (recorded, minddp's and stock's): GPipe keeps all m
+    # microbatches' activations until backward, 1F1B at most p - s on stage s.
+    rows, (shape, drawn) = _results(2)[0]["bench"]
+    alive = {r["way"]: r["alive"] for r in rows}
+    assert alive == {"minddp gpipe": [4, 4], "minddp 1f1b": [2, 1], "stock gpipe": [4, 4],
+                     "stock 1f1b": [2, 1]}, alive
+    assert all(0 <= idle < 1 for r in rows for idle in r["idle"])
+    assert shape == (560, 1200, 4)  # two panels (GPipe, 1F1B) of two stages
+    # The picture's bars are the recorded events: a forward and a backward per microbatch.
+    for schedule in ("gpipe", "1f1b"):
+        for stage in (0, 1):
+            bars = sorted((kind, i) for kind, i, *_ in drawn[(schedule, stage)] if kind != "recv")
+            assert bars == sorted([("F", i) for i in range(4)] + [("B", i) for i in range(4)])

@@ -23,7 +23,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel as StockColwise
 from torch.distributed.tensor.parallel import RowwiseParallel as StockRowwise
 from torch.distributed.tensor.parallel import parallelize_module as stock_parallelize
 
-from helpers import run_ranks, usage_errors
+from helpers import share_spawn, shared_results, usage_errors
 from minddp import ManualDDP
 import minddp.sp
 import minddp.tp
@@ -136,13 +136,11 @@ def _everything(rank, world_size):
             "textbook": _textbook_bias(rank, world_size)}
 
 
-_SPAWNED = {}
+share_spawn(_everything, [2, 4])
 
 
 def _results(world_size):
-    if world_size not in _SPAWNED:
-        _SPAWNED[world_size] = run_ranks(_everything, world_size)
-    return _SPAWNED[world_size]
+    return shared_results(_everything, world_size)
 
 
 @pytest.mark.parametrize("name", list(PLANS))
