@@ -100,18 +100,23 @@ def run_ranks(fn, world_size, *args, timeout=HANG_S, gpu=False):
 _SHARED, _SHARED_RESULTS = {}, {}
 
 
-def share_spawn(fn, world_sizes, *args):
+def share_spawn(fn, world_sizes, *args, key=""):
     """Register fn(rank, world_size, *args) to run in the spawn that every test module shares
-    at each of `world_sizes` (call at import: the spawn starts with the first result asked)."""
+    at each of `world_sizes` (call at import: the spawn starts with the first result asked).
+    `key` tells apart two registrations of one function with other arguments."""
     for world_size in world_sizes:
-        _SHARED.setdefault(world_size, {})[f"{fn.__module__}.{fn.__name__}"] = (fn, args)
+        _SHARED.setdefault(world_size, {})[_name(fn, key)] = (fn, args)
 
 
-def shared_results(fn, world_size):
+def shared_results(fn, world_size, key=""):
     """[fn's result on each rank], from the shared spawn of `world_size` ranks."""
     if world_size not in _SHARED_RESULTS:
         _SHARED_RESULTS[world_size] = run_ranks(_run_shared, world_size, _SHARED[world_size])
-    return [out[f"{fn.__module__}.{fn.__name__}"] for out in _SHARED_RESULTS[world_size]]
+    return [out[_name(fn, key)] for out in _SHARED_RESULTS[world_size]]
+
+
+def _name(fn, key):
+    return f"{fn.__module__}.{fn.__name__}{'/' + key if key else ''}"
 
 
 def _run_shared(rank, world_size, work):

@@ -5,7 +5,7 @@
 
 import torch
 
-from helpers import run_ranks
+from helpers import share_spawn, shared_results
 from minddp import broadcast_parameters
 
 
@@ -28,7 +28,7 @@ def _broadcast(rank, world_size):
 
 
 def test_every_rank_gets_the_source_ranks_state():
-    results = run_ranks(_broadcast, 3)
+    results = shared_results(_broadcast, 3)
     for i, src in enumerate((0, 2)):
         expected = _model(seed=100 + src).state_dict()
         for states in results:
@@ -36,3 +36,6 @@ def test_every_rank_gets_the_source_ranks_state():
             for key in expected:
                 assert torch.equal(states[i][key], expected[key]), (src, key)
     assert not torch.equal(_model(101)[0].weight, _model(100)[0].weight)  # the ranks did differ
+
+
+share_spawn(_broadcast, [3])  # in the spawn the other modules share

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers import run_ranks
+from helpers import run_ranks, share_spawn, shared_results
 from minddp import BucketedDDP, ManualDDP, NeuralNetwork
 from minddp.bucket_layout import MB, assign_buckets, bucket_size_limits
 
@@ -85,19 +85,23 @@ def _assert_all_bitwise(per_rank, configs):
         _assert_bitwise([results[config] for results in per_rank])
 
 
+CONFIGS = [("lesson", None), ("mlp", None), ("mlp", 2)]
+NO_SYNC_CONFIGS = [("lesson", None), ("mlp", None)]
+share_spawn(_stock_vs_manual, [1, 2, 3, 4], CONFIGS, 3, 1, key="steps")
+share_spawn(_stock_vs_manual, [2], NO_SYNC_CONFIGS, 3, 3, key="no_sync")
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_bucketed_bitwise_equal_to_stock(world_size):
     # The lesson's model (one bucket), and a 3.4M-parameter MLP at stock's default caps
     # (2 buckets) and at bucket_cap_mb=2 (4 buckets). Three steps: the first with one
     # bucket, the next two with the rebuilt ones.
-    configs = [("lesson", None), ("mlp", None), ("mlp", 2)]
-    _assert_all_bitwise(run_ranks(_stock_vs_manual, world_size, configs, 3, 1), configs)
+    _assert_all_bitwise(shared_results(_stock_vs_manual, world_size, "steps"), CONFIGS)
 
 
 def test_no_sync_bitwise_equal_to_stock():
     # Three micro-batches per step, the first two under no_sync().
-    configs = [("lesson", None), ("mlp", None)]
-    _assert_all_bitwise(run_ranks(_stock_vs_manual, 2, configs, 3, 3), configs)
+    _assert_all_bitwise(shared_results(_stock_vs_manual, 2, "no_sync"), NO_SYNC_CONFIGS)
 
 
 def _stock_buckets(rank, world_size, bucket_cap_mb):

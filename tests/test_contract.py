@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers import run_ranks
+from helpers import share_spawn, shared_results
 from minddp import ManualDDP, UsageError
 from minddp.dropin.comm_hooks import fp16_mean_hook
 
@@ -136,9 +136,12 @@ def _all_configs(rank, world_size):
     return problems, outputs, views
 
 
+share_spawn(_all_configs, [1, 2, 3, 4])
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_every_knob_bitwise_equal_to_stock(world_size):
-    results = run_ranks(_all_configs, world_size)
+    results = shared_results(_all_configs, world_size)
     for problems, _, views in results:
         assert problems == []
         assert views == {"bucket-view-zeroed": True}  # .grad lives in the buckets
@@ -195,7 +198,7 @@ def _bad_hooks(rank, world_size):
 
 
 def test_comm_hook_mistakes_are_clear_errors_and_bf16_runs_where_stock_refuses():
-    results = run_ranks(_bad_hooks, 2)
+    results = shared_results(_bad_hooks, 2)
     for messages, _, _ in results:
         assert messages["returns_a_tensor"].startswith(
             "comm hook _bad_hooks.<locals>.returns_a_tensor returned Tensor, not a torch.futures.Future")
@@ -211,3 +214,6 @@ def test_comm_hook_mistakes_are_clear_errors_and_bf16_runs_where_stock_refuses()
     for _, grad, _ in results:
         assert torch.allclose(grad, mean, rtol=2 ** -7, atol=1e-6)
         assert torch.equal(grad, results[0][1])
+
+
+share_spawn(_bad_hooks, [2])  # (in the spawn the FSDP, TP and PP tests share)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers import run, run_ranks
+from helpers import run, share_spawn, shared_results
 from minddp import ManualDDP, NaiveDDP, NeuralNetwork
 from minddp.tools.tables import write_table
 
@@ -46,7 +46,7 @@ def _stock_vs_manual(rank, world_size, steps):
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_naive_bitwise_equal_to_stock_ddp(world_size):
-    results = run_ranks(_stock_vs_manual, world_size, 4)
+    results = shared_results(_stock_vs_manual, world_size)
     for rank_record in results:
         for step, grads in enumerate(rank_record):
             for s, m in zip(grads["stock"], grads["manual"]):
@@ -59,7 +59,7 @@ def test_naive_bitwise_equal_to_stock_ddp(world_size):
 def test_naive_close_to_stock_ddp_at_three_ranks(tmp_path):
     # Three addends: the all_reduce of one flat bucket (stock) and of each parameter
     # (naive) may add them in another order, so the last bits may differ.
-    results = run_ranks(_stock_vs_manual, 3, 4)
+    results = shared_results(_stock_vs_manual, 3)
     worst = max((s - m).abs().max().item()
                 for rank_record in results for grads in rank_record
                 for s, m in zip(grads["stock"], grads["manual"]))
@@ -126,6 +126,11 @@ def _full_batch_reference(rank, world_size, steps, bucketed):
 
 @pytest.mark.parametrize("world_size,bucketed", [(2, True), (4, False)])
 def test_equals_one_process_on_the_full_batch(world_size, bucketed):
-    results = run_ranks(_full_batch_reference, world_size, 5, bucketed)
+    results = shared_results(_full_batch_reference, world_size, str(bucketed))
     for gaps in results:
         assert max(gaps) < 1e-12, gaps  # float64: only summation order separates them
+
+
+share_spawn(_stock_vs_manual, [1, 2, 3], 4)  # one spawn per world size, shared
+share_spawn(_full_batch_reference, [2], 5, True, key="True")
+share_spawn(_full_batch_reference, [4], 5, False, key="False")

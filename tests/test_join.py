@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers import REPO, run_ranks, torchrun
+from helpers import REPO, share_spawn, shared_results, torchrun
 from minddp import ManualDDP, UsageError
 
 
@@ -64,7 +64,7 @@ def _join_cases(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_join_is_bitwise_stocks(world_size):
-    results = run_ranks(_join_cases, world_size)
+    results = shared_results(_join_cases, world_size)
     for problems, _, raised in results:
         assert problems == []
         # throw_on_early_termination: every rank raises, the same way in both wrappers
@@ -84,7 +84,7 @@ def _refused(rank, world_size):
 
 
 def test_join_with_find_unused_parameters_is_one_clear_error():
-    message = run_ranks(_refused, 1)[0]
+    message = shared_results(_refused, 1)[0]
     assert message.startswith("ManualDDP.join() with find_unused_parameters=True is not implemented")
 
 
@@ -102,3 +102,7 @@ def test_the_uneven_example_without_join_ends_with_the_cause_and_with_join_train
     assert joined.returncode == 0, joined.stderr[-2000:]
     assert "steps per rank: rank 0: 3, rank 1: 4" in joined.stdout
     assert "replicas identical after join()" in joined.stdout
+
+
+share_spawn(_join_cases, [2, 3])  # one spawn per world size, shared
+share_spawn(_refused, [1])

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from helpers import run_ranks
+from helpers import share_spawn, shared_results
 from minddp import ShardSampler, UsageError, check_batches
 
 
@@ -56,7 +56,7 @@ def _defaults_from_group(rank, world_size):
 
 
 def test_defaults_come_from_the_process_group():
-    results = run_ranks(_defaults_from_group, 2)
+    results = shared_results(_defaults_from_group, 2)
     for rank, (num_replicas, r, indices) in enumerate(results):
         assert (num_replicas, r) == (2, rank)
         assert indices == list(DistributedSampler(range(7), 2, rank))
@@ -70,3 +70,6 @@ def test_zero_batches_is_a_usage_error():
     assert "--factor" in info.value.hint
     fine = DataLoader(data, batch_size=2, drop_last=True, sampler=ShardSampler(data, 2, 0))
     check_batches(fine, 2)  # 3 examples: one batch of 2
+
+
+share_spawn(_defaults_from_group, [2])  # in the spawn the other modules share

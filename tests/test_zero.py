@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from helpers import run, run_ranks
+from helpers import run, run_ranks, share_spawn, shared_results
 from minddp import ManualDDP, UsageError
 from minddp.zero import ShardedOptimizer
 
@@ -77,7 +77,7 @@ def _both_optimizers(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_bitwise_equal_to_plain_and_to_zero_redundancy_optimizer(world_size):
-    by_rank = run_ranks(_both_optimizers, world_size)
+    by_rank = shared_results(_both_optimizers, world_size)
     for name in OPTIMIZERS:  # AdamW, and SGD with momentum
         results = [r[name] for r in by_rank]
         for equal, same_shards, _, _ in results:
@@ -141,7 +141,7 @@ def _different_params(rank, world_size):
 
 
 def test_different_parameter_lists_are_a_clear_error():
-    for message in run_ranks(_different_params, 2):
+    for message in shared_results(_different_params, 2):
         assert message.startswith("rank 1's optimizer parameters differ from rank 0's")
 
 
@@ -156,3 +156,7 @@ def test_zero_bench_reports_state_per_rank():
     assert rows["full AdamW"][-5] == "2.0" and rows["full AdamW"][-3] == "4.1"
     assert rows["ShardedOptimizer"][-5] == rows["ZeroRedundancyOptimizer"][-5] == "1.0"
     assert rows["ShardedOptimizer"][-3] == "2.0"
+
+
+share_spawn(_both_optimizers, [1, 2, 3, 4])  # one spawn per world size, shared
+share_spawn(_different_params, [2])
