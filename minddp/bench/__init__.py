@@ -35,3 +35,18 @@ def bench_parser(doc, prog, default_world_sizes):
                         help="torch threads per rank (0: cores / ranks)")
     parser.add_argument("--format", default="simple", help="tabulate format, e.g. github for docs")
     return parser
+
+
+def check_outputs(args, *flags):
+    """Before any rank starts, one line and exit 2 for --png without matplotlib, or an output
+    flag's path that cannot be written. Returns args."""
+    from ..run.cli import check_output_path
+    from ..run.errors import exit_on_usage_error
+    from ..tools.pictures import require_matplotlib
+    with exit_on_usage_error():
+        if getattr(args, "png", None):
+            require_matplotlib()
+        for flag in flags:
+            if getattr(args, flag, None):
+                check_output_path(getattr(args, flag), f"--{flag}")
+    return args

@@ -24,7 +24,7 @@ collectives, counted. Step times: medians over rounds in a shuffled order, as ra
 stock fully_shard (ZeRO-3) in the same run.
 """
 
-from . import bench_parser
+from . import bench_parser, check_outputs
 
 
 def parse(argv=None):
@@ -33,17 +33,7 @@ def parse(argv=None):
     parser.add_argument("--png", metavar="PATH",
                         help="draw the bytes per rank as stacked bars (matplotlib; the last"
                              " --sizes model's rows)")
-    args = parser.parse_args(argv)
-    from ..run.cli import check_output_path
-    from ..run.errors import exit_on_usage_error
-    from ..tools.pictures import require_matplotlib
-    with exit_on_usage_error():  # before any rank starts: one line, exit 2
-        if args.png:
-            require_matplotlib()
-        for flag in ("json", "png"):
-            if getattr(args, flag):
-                check_output_path(getattr(args, flag), f"--{flag}")
-    return args
+    return check_outputs(parser.parse_args(argv), "json", "png")
 
 
 if __name__ == "__main__":

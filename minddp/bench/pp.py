@@ -20,7 +20,7 @@ intervals of the last round:
 Step time: the median over rounds, as a ratio to stock GPipe's in the same run.
 """
 
-from . import bench_parser
+from . import bench_parser, check_outputs
 
 
 def parse(argv=None):
@@ -30,15 +30,7 @@ def parse(argv=None):
     parser.add_argument("--png", metavar="PATH",
                         help="draw each stage's forwards, backwards and waits, GPipe beside 1F1B"
                              " (matplotlib; the first world size, size and --microbatches)")
-    args = parser.parse_args(argv)
-    from ..run.cli import check_output_path
-    from ..run.errors import exit_on_usage_error
-    from ..tools.pictures import require_matplotlib
-    with exit_on_usage_error():  # before any rank starts: one line, exit 2
-        if args.png:
-            require_matplotlib()
-            check_output_path(args.png, "--png")
-    return args
+    return check_outputs(parser.parse_args(argv), "png")
 
 
 if __name__ == "__main__":

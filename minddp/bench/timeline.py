@@ -11,7 +11,7 @@ overlap figure: the share of communication time that ran while backward was comp
 not blocked. --png draws the same step (tools/pictures.py).
 """
 
-from . import SIZES
+from . import SIZES, check_outputs
 from ..run.cli import ArgumentParser
 
 
@@ -30,15 +30,9 @@ def parse(argv=None):
     args = parser.parse_args(argv)
     args.kinds = ["naive", "bucketed", "stock"] if args.ddp == "all" else [args.ddp]
     from .. import UsageError
-    from ..run.cli import check_output_path
     from ..run.errors import exit_on_usage_error
-    from ..tools.pictures import require_matplotlib
+    check_outputs(args, "png", "out")
     with exit_on_usage_error():
-        if args.png:
-            require_matplotlib()
-            check_output_path(args.png, "--png")
-        if args.out:
-            check_output_path(args.out, "--out")
         if not args.trace and (args.steps < 2 or args.world_size < 1):
             raise UsageError("--steps must be 2 or more and --world-size 1 or more",
                              hint="e.g. --steps 4 --world-size 2")

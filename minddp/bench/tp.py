@@ -23,22 +23,14 @@ the LayerNorm gradients' all_reduces. Step times: medians of rounds in a shuffle
 ratios to stock's TP in the same run.
 """
 
-from . import bench_parser
+from . import bench_parser, check_outputs
 
 
 def parse(argv=None):
     parser = bench_parser(__doc__, "minddp tp-bench", [1, 2, 4])
     parser.set_defaults(batch=8, sizes=["4M"])  # sizes: unused here (one model)
     parser.add_argument("--png", metavar="PATH", help="draw the memory per rank (matplotlib)")
-    args = parser.parse_args(argv)
-    from ..run.cli import check_output_path
-    from ..run.errors import exit_on_usage_error
-    from ..tools.pictures import require_matplotlib
-    with exit_on_usage_error():  # before any rank starts: one line, exit 2
-        if args.png:
-            require_matplotlib()
-            check_output_path(args.png, "--png")
-    return args
+    return check_outputs(parser.parse_args(argv), "png")
 
 
 if __name__ == "__main__":
