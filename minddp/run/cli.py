@@ -41,10 +41,10 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=False, zero=False,
-                  tp=False, pp=False):
+                  tp=False, pp=False, elastic=False):
     """An ArgumentParser with the examples' flags; parse it with parse_checked().
 
-    timeline, accumulate, restart, fsdp, zero, tp, pp: add the flags of the examples with those
+    timeline, accumulate, restart, fsdp, zero, tp, pp, elastic: add the flags of the examples with those
     features (fsdp.py, tp.py and pipeline.py have no --check-replicas: their ranks hold
     different slices).
     """
@@ -106,12 +106,28 @@ def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=Fal
                                  " first attempt only")
         parser.add_argument("--crash-rank", type=int, metavar="R",
                             help="the rank that crashes (default: the last)")
+    if elastic:
+        parser.add_argument("--checkpoint-dir", metavar="DIR", required=True,
+                            help="save after every step into DIR; at start, resume from DIR's"
+                                 " newest checkpoint, whatever world size wrote it")
+        parser.add_argument("--reduce", default="ordered", choices=["ordered", "plain", "stock"],
+                            help="ordered: each virtual shard's gradient alone, added in shard"
+                                 " order (the same bits at any world size); plain: minddp's"
+                                 " BucketedDDP; stock: PyTorch's DDP")
+        parser.add_argument("--global-batch", type=int, default=12, metavar="G",
+                            help="samples per optimizer step, at every world size")
+        parser.add_argument("--virtual-shards", type=int, default=12, metavar="N",
+                            help="--reduce ordered: the global batch's fixed pieces")
+        parser.add_argument("--step-delay", type=float, default=0.0, metavar="S",
+                            help="sleep S seconds after each step (time to stop a node)")
+        parser.set_defaults(factor=8, epochs=4)  # 40 examples: 3 steps of 12 per epoch
     return parser
 
 
 # Flags that name a file the run writes, and flags that count something.
 OUTPUT_FLAGS = ("grad_table", "checkpoint", "timeline", "out")
-AT_LEAST_ONE = ("epochs", "factor", "accumulate", "microbatches")
+AT_LEAST_ONE = ("epochs", "factor", "accumulate", "microbatches", "global_batch",
+                "virtual_shards")
 
 
 # Flags that each moved out of the lesson's examples into an example of their own.
@@ -157,6 +173,13 @@ def _checked(parser, argv):
         path = getattr(args, name, None)
         if path:
             check_output_path(path, "--" + name.replace("_", "-"))
+    directory = getattr(args, "checkpoint_dir", None)
+    if directory:  # a directory, made if absent: it or its parent must exist, writable
+        check_output_path(os.path.join(directory, "latest") if os.path.isdir(directory)
+                          else directory, "--checkpoint-dir")
+    if getattr(args, "step_delay", 0) < 0:
+        raise UsageError(f"--step-delay {args.step_delay:g}: must be 0 or more",
+                         hint="e.g. --step-delay 0.5", same_on_every_rank=True)
     return args
 
 

@@ -117,6 +117,17 @@ def constant_factor(grads_a, grads_b, step):
     return factor
 
 
+def world_size_change(meta_a, meta_b, step):
+    """(first step, A's size, B's size) where the runs' world sizes part, at or before `step`."""
+    sizes_a, sizes_b = meta_a.get("world_sizes"), meta_b.get("world_sizes")
+    if not sizes_a or not sizes_b:
+        return None
+    for s, (a, b) in enumerate(zip(sizes_a, sizes_b)):
+        if a != b and s <= step:
+            return s, a, b
+    return None
+
+
 def main(argv=None):
     parser = ArgumentParser(prog="minddp diff", description=__doc__.split("\n\n")[0])
     parser.add_argument("a", help="gradient table of run A (PATH or PATH.npz)")
@@ -137,7 +148,11 @@ def main(argv=None):
         return 2
     print(f"A: {args.a}   ({meta_a['script']}, torch {meta_a['torch']})")
     print(f"B: {args.b}   ({meta_b['script']}, torch {meta_b['torch']})")
-    print(f"world size {meta_a['world_size']}, {meta_a['steps']} steps, {len(rows)} parameters\n")
+    sizes = (f"world size per step {' '.join(map(str, meta_a['world_sizes']))} (A),"
+             f" {' '.join(map(str, meta_b['world_sizes']))} (B), rank 0's rows"
+             if meta_a.get("world_sizes") and meta_b.get("world_sizes")
+             else f"world size {meta_a['world_size']}")
+    print(f"{sizes}, {meta_a['steps']} steps, {len(rows)} parameters\n")
     print(tabulate(rows, headers=["parameter", "shape", "max abs diff", "max rel diff", "max ulps",
                                   "elements differing", "bitwise equal", "first difference"],
                    disable_numparse=True))
@@ -147,7 +162,16 @@ def main(argv=None):
     step, gap = onset
     print(f"\nthe runs part at step {step}, by {gap:.1f} rounding units"
           f" (eps x largest |grad|)", end="")
-    if gap <= 16:
+    resized = world_size_change(meta_a, meta_b, step)
+    if resized is not None and gap <= 16:
+        # An elastic run went on at another world size: same samples, same math, but an
+        # all_reduce over 3 ranks adds the gradients in another order than over 4.
+        first, size_a, size_b = resized
+        print(f": the size of a different summation order, not of a wrong gradient: from step"
+              f" {first} A reduced over {size_a} ranks and B over {size_b}, and a sum over"
+              f" another number of ranks adds in another order (an elastic resize; a reduction"
+              f" in a fixed order, examples/elastic.py --reduce ordered, keeps the bits)")
+    elif gap <= 16:
         # A wrong average is off by a factor, millions of ulps; reordered sums by one or two.
         # Later steps train on slightly different weights, so the gap then grows.
         print(": the size of a different summation order, not of a wrong gradient (e.g. 3+ ranks"

@@ -33,11 +33,16 @@ class GradTable:
     `.module`, so both wrappers give the same names ("layers.0.weight").
     """
 
-    def __init__(self, model, path=None):
-        """Record `model`'s gradients for a table at `path` (None: record nothing)."""
+    def __init__(self, model, path=None, rank0_only=False):
+        """Record `model`'s gradients for a table at `path` (None: record nothing).
+
+        rank0_only: keep rank 0's rows alone, with the world size of each step (an elastic
+        run, whose world size changes; its ranks hold the same averaged gradient anyway).
+        """
         self.module = getattr(model, "module", model)
-        self.path = path
+        self.path, self.rank0_only = path, rank0_only
         self.rows = []  # (step, epoch, {name: gradient})
+        self.world_sizes = []  # per step, with rank0_only
 
     def record(self, epoch=-1):
         if self.path is None:
@@ -53,10 +58,15 @@ class GradTable:
             if g is None:
                 g = torch.full(p.shape, float("nan"))
             grads[name] = _to_numpy(g)
+        if self.rank0_only and _rank() != 0:
+            return
         self.rows.append((len(self.rows), epoch, grads))
+        self.world_sizes.append(_world_size())
 
     def gather(self):
         """Collective: every rank's rows, on rank 0 (None elsewhere)."""
+        if self.rank0_only:
+            return [self.rows] if _rank() == 0 else None
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return [self.rows]
         gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
@@ -69,7 +79,8 @@ class GradTable:
             return
         rows_by_rank = self.gather()
         if rows_by_rank is not None:
-            write_table(self.path, rows_by_rank)
+            write_table(self.path, rows_by_rank,
+                        world_sizes=self.world_sizes if self.rank0_only else None)
             print(f"gradient table: {self.path} (every element: {self.path}.npz)", flush=True)
 
     def state_dict(self):
@@ -78,6 +89,9 @@ class GradTable:
         Rows are stored as tensors, which torch.load(weights_only=True) accepts.
         """
         rows_by_rank = self.gather() if self.path else None
+        if self.rank0_only:  # no collective: rank 0 holds all there is
+            return {"world_size": None, "rows_by_rank": rows_by_rank,
+                    "world_sizes": list(self.world_sizes)}
         if rows_by_rank is None:
             return {"world_size": _world_size(), "rows_by_rank": None}
         return {"world_size": len(rows_by_rank),
@@ -87,6 +101,10 @@ class GradTable:
     def load_state_dict(self, state):
         """This rank's rows from a state_dict(); the world size must be the same."""
         if not self.path:
+            return
+        if self.rank0_only:  # any world size: the rows are rank 0's, and stay there
+            if _rank() == 0 and state.get("rows_by_rank"):
+                self.rows, self.world_sizes = state["rows_by_rank"][0], state["world_sizes"]
             return
         if state["rows_by_rank"] is None or state["world_size"] != _world_size():
             raise UsageError(
@@ -126,3 +144,7 @@ def _gather_slices(grad, dim, group):
 
 def _world_size():
     return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _rank():
+    return dist.get_rank() if dist.is_initialized() else 0

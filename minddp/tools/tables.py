@@ -28,8 +28,12 @@ def _digest(a):
     return hashlib.sha1(a.tobytes()).hexdigest()[:12]  # equal digests <=> equal bits, at a glance
 
 
-def write_table(path, rows_by_rank):
-    """rows_by_rank[r] is rank r's list of (step, epoch, {name: array})."""
+def write_table(path, rows_by_rank, world_sizes=None):
+    """rows_by_rank[r] is rank r's list of (step, epoch, {name: array}).
+
+    world_sizes: the run's world size at each step, when rank 0's rows alone are written
+    (an elastic run's); the diff then tells a change of world size from a bug.
+    """
     steps = len(rows_by_rank[0])
     if any(len(rows) != steps for rows in rows_by_rank):
         raise TableError("ranks recorded different numbers of steps: " +
@@ -48,6 +52,7 @@ def write_table(path, rows_by_rank):
         "dtypes": [str(arrays[n].dtype) for n in names],
         "torch": getattr(sys.modules.get("torch"), "__version__", "not loaded"),
         "script": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "world_sizes": world_sizes,
     }
     with open(path + ".npz.partial", "wb") as f:
         np.savez(f, meta=np.array(json.dumps(meta)), **{"grad/" + n: a for n, a in arrays.items()})
@@ -63,8 +68,9 @@ def write_table(path, rows_by_rank):
                               f"{g.astype(np.float64).mean():+.6e}" if g.size else "", _digest(g)])
     with open(path, "w") as f:
         f.write(f"# minddp gradient table: {meta['script']}\n")
-        f.write(f"# world size {meta['world_size']}, {steps} steps, {len(names)} parameters, "
-                f"torch {meta['torch']}\n")
+        sizes = (f"rank 0's rows, world size per step {' '.join(map(str, world_sizes))}"
+                 if world_sizes else f"world size {meta['world_size']}")
+        f.write(f"# {sizes}, {steps} steps, {len(names)} parameters, torch {meta['torch']}\n")
         f.write(f"# every element is in {os.path.basename(path)}.npz; "
                 f"compare runs with: minddp diff A B\n\n")
         f.write(tabulate(table, headers=["step", "epoch", "rank", "parameter", "shape",
