@@ -89,11 +89,12 @@ def _store(rank, world_size):
     if sys.platform == "win32":
         os.environ["USE_LIBUV"] = "0"  # Windows builds ship the TCP store without libuv
     store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=ARRIVAL_TIMEOUT))
-    # After a restart (torchrun --max-restarts) the workers meet in the same store, which
-    # still holds the dead attempt's keys: gloo would dial the old peers ("Connection
-    # refused"). Each attempt gets its own key prefix.
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)
-    store = dist.PrefixStore(f"minddp/attempt{attempt}", store)
+    # After a restart (torchrun --max-restarts) the workers meet in torchrun's store, which
+    # holds the dead attempt's keys: gloo would dial the old peers. Each attempt gets its own
+    # prefix. A store started anew each round (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) needs
+    # none, and must have none: a node that joins later counts attempts from 0, others not.
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store = dist.PrefixStore(f"minddp/attempt{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
     # Wait here until every rank has arrived: `timeout` is for a peer that stops taking part,
     # not for one still importing torch on a busy machine (17 s, measured at load 14).
     if store.add("arrived", 1) == world_size:
@@ -115,8 +116,7 @@ def ddp_teardown():
         return
     forget_dtensor_caches()  # stock fully_shard's device meshes hold the group
     gc.collect()  # a wrapper caught in a reference cycle is freed now, not at exit
-    # Rank 0 may still be busy (writing a table) while the others are done: let every
-    # rank arrive before any tears its connections down.
+    # Rank 0 may still be writing a table: every rank arrives before any tears down.
     nccl = dist.get_backend() == "nccl"
     dist.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
     dist.destroy_process_group()

@@ -27,7 +27,7 @@ FOLDERS = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "
 
 def test_the_top_level_is_the_lessons():
     assert set(LESSONS) == {"launch", "backends", "sampler", "broadcast", "naive",
-                            "bucket_layout", "bucketed", "zero", "fsdp", "tp", "sp", "pp"}
+                            "bucket_layout", "bucketed", "zero", "fsdp", "tp", "sp", "pp", "elastic"}
     assert FOLDERS == ["bench", "dropin", "run", "tools"]
     for folder in FOLDERS:  # each opens with a paragraph saying what it holds and for whom
         doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text()))
