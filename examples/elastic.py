@@ -37,6 +37,7 @@ from minddp import (GradTable, NeuralNetwork, UsageError, broadcast_parameters, 
 from minddp import BucketedDDP
 from minddp.elastic import (ElasticBatchSampler, check_world, ordered_average, set_gradients,
                             shard_gradients)
+from minddp.run.faults import hold_before
 from minddp.run.sharded_checkpoint import load_sharded, save_sharded
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -77,6 +78,7 @@ def main(env, args):
         sampler.set_epoch(epoch, start_step=step - epoch * sampler.steps_per_epoch)
         for features, labels in train_loader:
             step += 1
+            hold_before(step, args.hold_file)  # (a test's gate; no --hold-file: no wait)
             features, labels = features.to(env.device), labels.to(env.device)
             optimizer.zero_grad()
             if ordered:  # each shard's gradient alone, then all of them added in shard order

@@ -175,10 +175,16 @@ def _everything(rank, world_size, folder):
                                                         saved)[0]
         dist.barrier()
     out["example"] = _example_unresized(rank, folder)
+    from argparse import Namespace
+    from minddp.bench.elastic import elastic_size  # elastic-bench's measurement, one round
+    out["bench"] = elastic_size("0.3M", Namespace(global_batch=48, virtual_shards=12, warmup=0,
+                                                  rounds=1), rank, world_size, torch.device("cpu"))
     return out
 
 
 EXAMPLE_FLAGS = ["--epochs", "10", "--reduce", "ordered"]  # 30 steps of 12 samples
+STEPS_IN_EXAMPLE = 30
+RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"  # seconds
 
 
 def _example_unresized(rank, folder):
@@ -338,21 +344,19 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _listening(port):
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 def test_two_torchrun_agents_lose_one_and_get_one_back():
-    """A node leaves (agent and worker killed), the job goes on at world size 1, a node joins."""
+    """A node leaves (agent and worker killed), the job goes on at world size 1, a node joins.
+
+    A hold file gates the steps (examples/elastic.py --hold-file), so each event lands at a
+    known step however fast the machine: node b dies after step 1, step 2 runs alone, node c
+    joins before step 3."""
     whole = _results()[0]["example"]  # the run never resized: 4 ranks, the same 30 steps
     folder, port = tempfile.mkdtemp(prefix="minddp-elastic-run-"), _free_port()
+    hold = os.path.join(folder, "hold")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2",
                 "--nproc_per_node=1", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={os.getpid()}",
-                "--max-restarts=3", "--monitor-interval=0.5",
-                "--rdzv-conf=last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3",
-                "examples/elastic.py", *EXAMPLE_FLAGS, "--step-delay", "0.3",
+                "--max-restarts=3", "--monitor-interval=0.5", "examples/elastic.py", *EXAMPLE_FLAGS, "--hold-file", hold,
                 "--checkpoint-dir", os.path.join(folder, "ck"),
                 "--grad-table", os.path.join(folder, "elastic.txt")]
     # torch 2.13's agents share one TCP store across rendezvous rounds; a node that joins a
@@ -364,7 +368,11 @@ def test_two_torchrun_agents_lose_one_and_get_one_back():
     def start(name):
         log = open(os.path.join(folder, f"{name}.log"), "w")
         tag = f"{os.getpid()}-{name}-{time.monotonic_ns()}"
-        agents[name] = (subprocess.Popen(launcher, cwd=REPO, env={**env, TAG: tag}, stdout=log,
+        # Node a hosts the rendezvous store (is_host), which must outlive node b: on many
+        # machines, the one at --rdzv-endpoint.
+        conf = f"{RDZV_CONF},is_host={int(name == 'a')}"
+        agents[name] = (subprocess.Popen([*launcher[:3], f"--rdzv-conf={conf}", *launcher[3:]],
+                                         cwd=REPO, env={**env, TAG: tag}, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True,
                                          stdin=subprocess.DEVNULL), tag, log)
 
@@ -372,24 +380,32 @@ def test_two_torchrun_agents_lose_one_and_get_one_back():
         with open(os.path.join(folder, f"{name}.log")) as f:
             return f.read()
 
-    def wait_for(name, pattern):
-        while not re.search(pattern, log(name)):
-            assert agents[name][0].poll() is None, f"agent {name} ended:\n{log(name)[-3000:]}"
+    def wait_for(names, pattern):
+        while not any(re.search(pattern, log(name)) for name in names):
+            for name in names:
+                assert agents[name][0].poll() is None, f"agent {name} ended:\n{log(name)[-3000:]}"
             assert time.monotonic() < deadline, f"still waiting for {pattern!r} (a hang?)"
             time.sleep(0.1)
 
+    def allow(step):
+        with open(hold + ".partial", "w") as f:
+            f.write(f"{step}\n")
+        os.replace(hold + ".partial", hold)  # read whole or not at all
+
     try:
-        start("a")  # first: its agent hosts the rendezvous store, which must outlive node b
-        while not _listening(port):
-            assert agents["a"][0].poll() is None, log("a")[-3000:]
-            assert time.monotonic() < deadline, "agent a never opened the rendezvous (a hang?)"
-            time.sleep(0.1)
+        allow(1)
+        start("a")
         start("b")
-        wait_for("a", r"step 003 \| world size 2")
+        wait_for(["a"], r"step 001 \| world size 2")
+        while latest(os.path.join(folder, "ck")) is None:  # step 1's checkpoint, complete
+            assert agents["a"][0].poll() is None and time.monotonic() < deadline, log("a")
+            time.sleep(0.1)
         kill_tagged(agents["b"][1])  # node b is gone: its agent and its worker, at once
-        wait_for("a", r"saved at world size 2, now 1")
-        wait_for("a", r"\[rank0\] step \d+ \| world size 1")  # trained alone
-        start("c")
+        allow(2)  # a's worker meets b's absence in step 2's first collective, and restarts
+        wait_for(["a"], r"\[rank0\] step 002 \| world size 1")
+        start("c")  # a's agent sees a node waiting and restarts its worker at world size 2
+        wait_for(["a", "c"], r"\[rank1\] world size 2: takes samples 6..11")
+        allow(STEPS_IN_EXAMPLE)
         for name in ("a", "c"):
             proc = agents[name][0]
             while proc.poll() is None:
@@ -402,19 +418,31 @@ def test_two_torchrun_agents_lose_one_and_get_one_back():
             out.close()
     a, c = log("a"), log("c")
     assert agents["a"][0].returncode == 0 and agents["c"][0].returncode == 0, a[-3000:] + c[-3000:]
+    assert "resuming after step 1: saved at world size 2, now 1" in a
     assert "[rank0] world size 1: takes samples 0..11 of each global batch of 12" in a
-    assert re.search(r"resuming after step \d+: saved at world size 1, now 2", a + c)
     both = a + c  # after the grow, either node's worker may be rank 0
+    assert "resuming after step 2: saved at world size 1, now 2" in both
     assert "[rank1] world size 2: takes samples 6..11 of each global batch of 12" in both
     final = re.findall(r"final weights after step 30: sha1 \w+", both)
-    assert final == re.findall(r"final weights after step 30: sha1 \w+", whole), both[-3000:]
+    assert final and final == re.findall(r"final weights after step 30: sha1 \w+", whole), both
     meta, _ = minddp.tools.tables.read_table(os.path.join(folder, "elastic.txt"))
-    sizes = [k for i, k in enumerate(meta["world_sizes"]) if i == 0 or meta["world_sizes"][i - 1] != k]
-    assert sizes == [2, 1, 2]  # one table across the resizes, each step's world size in it
+    assert meta["world_sizes"] == [2, 1] + [2] * 28  # one table across the resizes
     diff = subprocess.run([sys.executable, "-m", "minddp", "diff", os.path.join(folder, "elastic.txt"),
                            os.path.join(FOLDER, "whole.txt")], capture_output=True, text=True)
     assert diff.returncode == 0 and "IDENTICAL" in diff.stdout, diff.stdout
     shutil.rmtree(folder)
+
+
+def test_elastic_bench_counts_the_ordered_reductions_bytes():
+    rows = _results()[0]["bench"]
+    assert [r[2] for r in rows] == ["stock DDP", "BucketedDDP", "ordered"]
+    # A rank passes every gradient to one all_reduce; ordered: to a send and a broadcast.
+    assert [r[4] for r in rows] == ["1.00x", "1.00x", "2.00x"]
+    assert all(float(r[5]) > 0 for r in rows)
+    said = subprocess.run([sys.executable, "-m", "minddp", "elastic-bench", "--world-sizes", "5"],
+                          capture_output=True, text=True)
+    assert said.returncode == 2 and said.stderr.count("error: a global batch of 96 cannot be kept"
+                                                      " at world size 5") == 1, said.stderr
 
 
 def test_the_diff_names_a_resize_as_the_summation_order(tmp_path, capsys):

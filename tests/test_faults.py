@@ -31,17 +31,27 @@ def weights(checkpoint):
     return torch.load(checkpoint, weights_only=True)["state"]["model"]
 
 
+COMMON = ["--factor", "2", "--epochs", "3"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """One run never crashed (BucketedDDP); stock DDP's equals it bit for bit (test_examples)."""
+    folder = tmp_path_factory.mktemp("whole")
+    whole = torchrun(2, RESTART, *COMMON, "--checkpoint", folder / "a.pt",
+                     "--grad-table", folder / "a.txt")
+    assert whole.returncode == 0, whole.stderr
+    return folder
+
+
 @pytest.mark.parametrize("ddp", ["manual", "stock"])
-def test_crash_and_restart_resumes_bit_for_bit(tmp_path, ddp):
+def test_crash_and_restart_resumes_bit_for_bit(tmp_path, ddp, uninterrupted):
     # --factor 2: 10 examples, 2 steps per epoch, 6 in all; rank 1 dies as step 4 begins,
     # in the middle of epoch 2, so the restart replays epoch 2 from the epoch-1 checkpoint.
-    common = ["--ddp", ddp, "--factor", "2", "--epochs", "3"]
-    whole = torchrun(2, RESTART, *common, "--checkpoint", tmp_path / "a.pt",
-                     "--grad-table", tmp_path / "a.txt")
-    assert whole.returncode == 0, whole.stderr
     t0 = time.monotonic()
-    crashed = torchrun(2, RESTART, *common, "--checkpoint", tmp_path / "b.pt", "--grad-table",
-                       tmp_path / "b.txt", "--crash-at-step", "4", launcher=["--max-restarts=1"])
+    crashed = torchrun(2, RESTART, "--ddp", ddp, *COMMON, "--checkpoint", tmp_path / "b.pt",
+                       "--grad-table", tmp_path / "b.txt", "--crash-at-step", "4",
+                       launcher=["--max-restarts=1"])
     elapsed = time.monotonic() - t0
     assert crashed.returncode == 0, crashed.stderr[-3000:]
     assert "[rank1] --crash-at-step 4: exiting abruptly" in crashed.stdout
@@ -49,9 +59,9 @@ def test_crash_and_restart_resumes_bit_for_bit(tmp_path, ddp):
     # The restart says, once, where it resumes: after epoch 1 (2 steps), on attempt 1.
     resumed = f"resuming from {tmp_path / 'b.pt'}: epoch 2, after step 2 (torchrun attempt 1)"
     assert crashed.stdout.count(resumed) == 1, crashed.stdout
-    verdict = diff(tmp_path / "b.txt", tmp_path / "a.txt")
+    verdict = diff(tmp_path / "b.txt", uninterrupted / "a.txt")
     assert verdict.returncode == 0 and "IDENTICAL" in verdict.stdout, verdict.stdout
-    a, b = weights(tmp_path / "a.pt"), weights(tmp_path / "b.pt")
+    a, b = weights(uninterrupted / "a.pt"), weights(tmp_path / "b.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     print(f"crash + restart + resume: {elapsed:.1f} s")
 

@@ -120,6 +120,9 @@ def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=Fal
                             help="--reduce ordered: the global batch's fixed pieces")
         parser.add_argument("--step-delay", type=float, default=0.0, metavar="S",
                             help="sleep S seconds after each step (time to stop a node)")
+        parser.add_argument("--hold-file", metavar="PATH",
+                            help="before each step, wait while PATH holds a smaller step number"
+                                 " (lines up a node's loss or join with a known step)")
         parser.set_defaults(factor=8, epochs=4)  # 40 examples: 3 steps of 12 per epoch
     return parser
 

@@ -7,6 +7,7 @@ Used by examples/restart.py and the tests; the lesson's examples never call it.
 """
 
 import os
+import time
 
 import torch.distributed as dist
 
@@ -41,3 +42,18 @@ def crash_if_asked(step, crash_at_step, crash_rank=None):
     print_rank(f"--crash-at-step {step}: exiting abruptly")
     # os._exit: no cleanup, no exception handlers, no atexit, like a killed process.
     os._exit(EXIT_INJECTED_CRASH)
+
+
+def hold_before(step, hold_file):
+    """Wait before `step` while HOLD_FILE holds a number smaller than it (no file: no wait).
+
+    A gate a test or a demo moves step by step: write 1 and the job stops after step 1;
+    stop a node there, write 2, start one... Each event then lands at a known step, however
+    fast the machine. Called between steps, outside any collective.
+    """
+    while hold_file and os.path.exists(hold_file):
+        with open(hold_file) as f:
+            text = f.read().strip()
+        if text and int(text) >= step:
+            return
+        time.sleep(0.05)
