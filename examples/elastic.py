@@ -1,14 +1,14 @@
 """Elastic training: a node leaves, the job goes on at fewer ranks; it comes back, at more.
 
-    # two "nodes" on one machine (run each line in its own terminal; more nodes: more lines)
+    # two "nodes" on one machine: this command in two terminals (the first one started hosts
+    # the rendezvous: stop the other); TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 with torch 2.13
     torchrun --nnodes=1:2 --nproc_per_node=2 --rdzv-backend=c10d \\
         --rdzv-endpoint=127.0.0.1:29400 --rdzv-id=job1 --max-restarts=3 \\
         --rdzv-conf=last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3 \\
         examples/elastic.py --checkpoint-dir runs/elastic --grad-table runs/elastic.txt \\
         --step-delay 1
-    # stop one (Ctrl-C): the other's workers fail, restart at world size 2 and resume from the
-    # last checkpoint; start it again: both restart at world size 4 and resume
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is needed with torch 2.13 (docs/elastic.md says why).
+    # Ctrl-C in the second: the first's workers fail, restart at world size 2 and resume from
+    # the last checkpoint; start the second again: both restart at 4 (docs/elastic.md)
 
     torchrun --nproc_per_node=4 examples/elastic.py --checkpoint-dir runs/whole \\
         --grad-table runs/whole.txt                         # the run never resized

@@ -1,7 +1,7 @@
 """Elastic training: lose ranks or gain them, go on from the last checkpoint, keep the numbers.
 
     torchrun --nnodes=1:2 --nproc_per_node=2 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29400 \\
-        --rdzv-id=job1 --max-restarts=3 examples/elastic.py --checkpoint runs/elastic  # twice
+        --rdzv-id=job1 --max-restarts=3 examples/elastic.py --checkpoint-dir runs/elastic  # x2
     pytest tests/test_elastic.py               # 4 ranks resized to 1, 2, 3: the same weights
 
 torchrun's elastic mode (--nnodes=MIN:MAX) re-forms the group when a node leaves or joins and
@@ -82,13 +82,14 @@ def shard_gradients(model, loss_fn, features, labels, shards_here):
     per-shard gradient's bits then depend on the shard only. Returns the shards' losses too.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    rows, losses = [], []
-    for x, y in zip(features.chunk(shards_here), labels.chunk(shards_here)):
+    rows = params[0].new_empty(shards_here, sum(p.numel() for p in params))  # one row per shard
+    losses = []
+    for row, x, y in zip(rows, features.chunk(shards_here), labels.chunk(shards_here)):
         loss = loss_fn(model(x), y)
         grads = torch.autograd.grad(loss, params)
-        rows.append(torch.cat([g.reshape(-1) for g in grads]))
+        torch.cat([g.reshape(-1) for g in grads], out=row)  # flat, straight into its row
         losses.append(loss.detach())
-    return torch.stack(rows), torch.stack(losses)
+    return rows, torch.stack(losses)
 
 
 @torch.no_grad()

@@ -200,7 +200,12 @@ def _example_unresized(rank, folder):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         example.main(env, args)
-    return printed.getvalue()
+        args.global_batch = 24  # resumed with another global batch: refused, every rank alike
+        try:
+            example.main(env, args)
+        except minddp.UsageError as said:
+            return printed.getvalue(), str(said)
+    return printed.getvalue(), None
 
 
 def _rows_read(model, path, rank):
@@ -288,6 +293,14 @@ def test_the_samples_of_a_step_do_not_depend_on_the_world_size():
         assert batches[1] == [order[s * G:(s + 1) * G] for s in range(epoch_start, 3)]
 
 
+def test_resuming_with_another_global_batch_is_refused():
+    for rank in range(4):
+        said = _results()[rank]["example"][1]
+        assert said is not None and said.startswith("the checkpoint in ") and said.endswith(
+            "was written with --global-batch 12, this run has 24 (hint: resume with"
+            " --global-batch 12, or another --checkpoint-dir)"), said
+
+
 def test_bad_input_is_one_line():
     with pytest.raises(minddp.UsageError, match="a global batch of 12 cannot be kept at world"
                                                 " size 5"):
@@ -350,7 +363,7 @@ def test_two_torchrun_agents_lose_one_and_get_one_back():
     A hold file gates the steps (examples/elastic.py --hold-file), so each event lands at a
     known step however fast the machine: node b dies after step 1, step 2 runs alone, node c
     joins before step 3."""
-    whole = _results()[0]["example"]  # the run never resized: 4 ranks, the same 30 steps
+    whole = _results()[0]["example"][0]  # the run never resized: 4 ranks, the same 30 steps
     folder, port = tempfile.mkdtemp(prefix="minddp-elastic-run-"), _free_port()
     hold = os.path.join(folder, "hold")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2",
