@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from helpers import REPO, run, run_ranks, torchrun
+from helpers import REPO, run, share_spawn, shared_results, torchrun
 from minddp import ReplicaError, UsageError, check_replicas
 
 BREAK = REPO / "examples" / "break_ddp.py"
@@ -127,6 +127,10 @@ def _check(rank, world_size, where):
         return "UsageError: " + err.message
 
 
+for _where in ("nowhere", "weight", "buffer", "shape"):  # in the suite's shared 2-rank spawn
+    share_spawn(_check, [2], _where, key=_where)
+
+
 @pytest.mark.parametrize("where,expected", [
     ("nowhere", "identical"),
     ("weight", "ReplicaError: replicas differ: 'embed.weight' on rank 1 differs from rank 0's"
@@ -136,7 +140,7 @@ def _check(rank, world_size, where):
     ("shape", "UsageError: rank 1's model differs from rank 0's at parameter #0"),
 ])
 def test_check_replicas(where, expected):
-    for message in run_ranks(_check, 2, where):
+    for message in shared_results(_check, 2, key=where):
         assert message.startswith(expected), message
 
 

@@ -449,16 +449,18 @@ def test_two_torchrun_agents_one_joins_then_is_lost_and_the_job_finishes_smaller
     shutil.rmtree(folder)
 
 
-def test_elastic_bench_counts_the_ordered_reductions_bytes():
+def test_elastic_bench_counts_the_ordered_reductions_bytes(capsys):
     rows = _results()[0]["bench"]
     assert [r[2] for r in rows] == ["stock DDP", "BucketedDDP", "ordered"]
     # A rank passes every gradient to one all_reduce; ordered: to a send and a broadcast.
     assert [r[4] for r in rows] == ["1.00x", "1.00x", "2.00x"]
     assert all(float(r[5]) > 0 for r in rows)
-    said = subprocess.run([sys.executable, "-m", "minddp", "elastic-bench", "--world-sizes", "5"],
-                          capture_output=True, text=True)
-    assert said.returncode == 2 and said.stderr.count("error: a global batch of 96 cannot be kept"
-                                                      " at world size 5") == 1, said.stderr
+    from minddp.bench.elastic import main, parse
+    with pytest.raises(SystemExit) as exited:  # refused before any rank starts
+        main(parse(["--world-sizes", "5"]))
+    said = capsys.readouterr().err
+    assert exited.value.code == 2 and said.count("error: a global batch of 96 cannot be kept at"
+                                                 " world size 5") == 1, said
 
 
 def test_the_diff_names_a_resize_as_the_summation_order(tmp_path, capsys):

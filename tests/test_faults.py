@@ -14,7 +14,8 @@ import uuid
 import pytest
 import torch
 
-from helpers import HANG_S, REPO, TAG, kill_tagged, run, run_ranks, torchrun
+from helpers import (HANG_S, REPO, TAG, kill_tagged, run, run_ranks, share_spawn, shared_results,
+                     torchrun)
 from minddp import (GradTable, ManualDDP, NaiveDDP, NeuralNetwork, UsageError, load_checkpoint,
                     save_checkpoint)
 import minddp.run.checkpoint
@@ -208,8 +209,11 @@ def _mismatched_models(rank, world_size):
         return str(err)
 
 
+share_spawn(_mismatched_models, [2])  # in the suite's shared 2-rank spawn
+
+
 def test_models_that_differ_are_named_on_every_rank():
-    messages = run_ranks(_mismatched_models, 2)
+    messages = shared_results(_mismatched_models, 2)
     assert messages[0] == messages[1]  # every rank reaches the same verdict: nobody waits
     assert messages[0].startswith("rank 1's model differs from rank 0's at parameter #0:"
                                   " rank 0 has '0.weight' [30, 2] torch.float32,"

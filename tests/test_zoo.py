@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers import run_ranks
+from helpers import share_spawn, shared_results
 from minddp import BucketedDDP, ManualDDP, NaiveDDP, UsageError
 
 
@@ -158,9 +158,13 @@ def _zoo(rank, world_size, names, wrappers):
     return problems
 
 
+share_spawn(_zoo, [2, 3], list(ZOO), [ManualDDP], key="zoo")  # in the suite's shared spawns
+share_spawn(_zoo, [1, 2, 3], ["sparse-bag"], [ManualDDP, NaiveDDP], key="sparse")
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_the_zoo_is_bitwise_equal_to_stock(world_size):
-    for problems in run_ranks(_zoo, world_size, list(ZOO), [ManualDDP]):
+    for problems in shared_results(_zoo, world_size, key="zoo"):
         assert problems == []
 
 
@@ -169,7 +173,7 @@ def test_sparse_gradients_in_both_classes(world_size):
     # NaiveDDP's one all_reduce per parameter adds the dense head in another order than
     # stock's flat bucket at 3 ranks; the sparse gradient travels alone in both, so it is
     # bitwise equal at every world size. ManualDDP: everything, bitwise.
-    results = run_ranks(_zoo, world_size, ["sparse-bag"], [ManualDDP, NaiveDDP])
+    results = shared_results(_zoo, world_size, key="sparse")
     for problems in results:
         if world_size < 3:
             assert problems == []
@@ -199,8 +203,11 @@ def _wrap_sparse_parameter(rank, world_size):
     return messages
 
 
+share_spawn(_wrap_sparse_parameter, [1])
+
+
 def test_a_layout_buckets_cannot_hold_is_named():
-    wrap, sparse_grad = run_ranks(_wrap_sparse_parameter, 1)[0]
+    wrap, sparse_grad = shared_results(_wrap_sparse_parameter, 1)[0]
     assert wrap.startswith("parameter 'table' is a torch.sparse_coo tensor: ManualDDP's buckets"
                            " hold dense (strided) parameters")
     assert sparse_grad.startswith("'bag.weight' has a sparse gradient (hint: ManualDDP sends")
