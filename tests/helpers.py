@@ -49,7 +49,11 @@ def _entry(fn, rank, world_size, store_file, out_dir, args, gpu):
         os.replace(partial, os.path.join(out_dir, f"rank{rank}.pt"))  # all or nothing
         del result  # fn's models are gone with its frame; nothing may hold the group now
         ddp_teardown()
-        # A group that outlived its destroy could hang or abort this process's exit.
+        # A group that outlived its destroy could hang or abort this process's exit. (A gloo
+        # thread may take a moment to end after its group is freed: a leak is one that stays.)
+        deadline = time.monotonic() + 10
+        while group_threads() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert not group_threads(), f"gloo threads after ddp_teardown(): {group_threads()}"
         Path(out_dir, f"rank{rank}.done").touch()  # finished: only interpreter exit is left
     except BaseException:

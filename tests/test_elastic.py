@@ -19,6 +19,7 @@ shared spawn ran.
 
 import atexit
 import contextlib
+import gc
 import importlib.util
 import io
 import os
@@ -48,6 +49,7 @@ import minddp
 import minddp.run.cli
 import minddp.tools.tables
 from helpers import HANG_S, REPO, TAG, kill_tagged, share_spawn, shared_results
+from minddp.launch import forget_dtensor_caches
 from minddp.elastic import (ElasticBatchSampler, check_world, ordered_average, reshard_plan,
                             set_gradients, shard_gradients, shard_rows)
 from minddp.run.sharded_checkpoint import OPTIONS, latest, load_sharded, save_sharded
@@ -180,6 +182,13 @@ def _everything(rank, world_size, folder):
     from minddp.bench.elastic import elastic_size  # elastic-bench's measurement, one round
     out["bench"] = elastic_size("0.3M", Namespace(global_batch=48, virtual_shards=12, warmup=0,
                                                   rounds=1), rank, world_size, torch.device("cpu"))
+    # The subgroups go now, not at the spawn's teardown: what held them (models, meshes) first.
+    model = optimizer = ddp = None
+    gc.collect()
+    forget_dtensor_caches()
+    dist.barrier()
+    for group in subgroups.values():
+        dist.destroy_process_group(group)
     return out
 
 
