@@ -1,12 +1,12 @@
 """Checkpoints any world size loads: PyTorch's distributed checkpoint, complete or absent.
 
-    torchrun --nnodes=1:2 --nproc_per_node=2 ... examples/elastic.py --checkpoint runs/elastic
+    torchrun --nnodes=1:2 --nproc_per_node=2 ... examples/elastic.py --checkpoint-dir runs/elastic
 
 A directory of checkpoints, one per save, and a pointer to the newest:
 
     DIR/step-000012/    one distributed checkpoint (torch.distributed.checkpoint, "DCP"):
                         .metadata, __0_0.distcp .. one data file per rank, and minddp.pt
-                        (rank 0's small state: step, epoch, the run's settings, table rows)
+                        (rank 0's small state: the step, the run's settings, the table's rows)
     DIR/latest          "step-000012": the newest complete checkpoint
 
 DCP stores each tensor with its whole shape and, for a sharded one (an FSDP DTensor, a
@@ -64,7 +64,8 @@ def _barrier(group):
 def save_sharded(directory, step, model, optimizer, extra=None, group=None):
     """Collective: write DIR/step-<step>/ and point DIR/latest at it. Returns its path.
 
-    `extra`: small picklable state rank 0 keeps (epoch, settings, a gradient table's rows).
+    `extra`: small state rank 0 keeps (settings, a gradient table's state_dict()): plain
+    Python values and tensors, which torch.load(weights_only=True) reads back.
     """
     name = f"step-{step:06d}"
     partial, final = os.path.join(directory, f".{name}.partial"), os.path.join(directory, name)
@@ -117,7 +118,7 @@ def load_sharded(directory, model, optimizer, group=None):
     dcp.load(state, checkpoint_id=path, process_group=group)  # each rank reads its rows
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"], options=OPTIONS)
-    return torch.load(os.path.join(path, "minddp.pt"), weights_only=False)
+    return torch.load(os.path.join(path, "minddp.pt"), weights_only=True)
 
 
 def check_fits(path, model_state):

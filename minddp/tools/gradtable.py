@@ -89,14 +89,15 @@ class GradTable:
         Rows are stored as tensors, which torch.load(weights_only=True) accepts.
         """
         rows_by_rank = self.gather() if self.path else None
+        if rows_by_rank is not None:
+            rows_by_rank = [[(s, e, {n: torch.from_numpy(a) for n, a in g.items()})
+                             for s, e, g in rows] for rows in rows_by_rank]
         if self.rank0_only:  # no collective: rank 0 holds all there is
             return {"world_size": None, "rows_by_rank": rows_by_rank,
                     "world_sizes": list(self.world_sizes)}
         if rows_by_rank is None:
             return {"world_size": _world_size(), "rows_by_rank": None}
-        return {"world_size": len(rows_by_rank),
-                "rows_by_rank": [[(s, e, {n: torch.from_numpy(a) for n, a in g.items()})
-                                  for s, e, g in rows] for rows in rows_by_rank]}
+        return {"world_size": len(rows_by_rank), "rows_by_rank": rows_by_rank}
 
     def load_state_dict(self, state):
         """This rank's rows from a state_dict(); the world size must be the same."""
@@ -104,7 +105,8 @@ class GradTable:
             return
         if self.rank0_only:  # any world size: the rows are rank 0's, and stay there
             if _rank() == 0 and state.get("rows_by_rank"):
-                self.rows, self.world_sizes = state["rows_by_rank"][0], state["world_sizes"]
+                self.rows = _as_numpy(state["rows_by_rank"][0])
+                self.world_sizes = list(state["world_sizes"])
             return
         if state["rows_by_rank"] is None or state["world_size"] != _world_size():
             raise UsageError(
@@ -114,8 +116,11 @@ class GradTable:
                 hint="resume with the same --nproc_per_node and --grad-table, or start afresh",
                 same_on_every_rank=True)
         rank = dist.get_rank() if dist.is_initialized() else 0
-        self.rows = [(s, e, {n: t.cpu().numpy() for n, t in g.items()})
-                     for s, e, g in state["rows_by_rank"][rank]]
+        self.rows = _as_numpy(state["rows_by_rank"][rank])
+
+
+def _as_numpy(rows):
+    return [(s, e, {n: t.cpu().numpy() for n, t in g.items()}) for s, e, g in rows]
 
 
 def _whole_gradients(module):
