@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from . import UsageError
+from .groups import global_rank
 
 
 def check_same_model(module, group=None, tensors=None):
@@ -52,7 +53,7 @@ def check_same_model(module, group=None, tensors=None):
 def broadcast_parameters(module, src=0, group=None, buffers=True):
     """Overwrite every parameter (and buffer, unless buffers=False) with rank `src`'s, in place.
 
-    Collective: call on every rank.
+    Collective: call on every rank. `src` is a rank of `group` (groups.py), as in stock DDP.
 
     In place matters: the optimizer already holds these very tensors.
     Buffers count too: a BatchNorm's running mean is state the forward pass uses
@@ -63,13 +64,13 @@ def broadcast_parameters(module, src=0, group=None, buffers=True):
     # named_parameters() lists a tied (shared) weight once, so it is sent once.
     tensors = list(module.named_parameters()) + (list(module.named_buffers()) if buffers else [])
     for _, tensor in tensors:
-        dist.broadcast(tensor, src=src, group=group)
+        dist.broadcast(tensor, src=global_rank(group, src), group=group)
 
 
 @torch.no_grad()
 def broadcast_buffers(module, src=0, group=None):
-    """Overwrite every buffer with rank `src`'s, in place (stock DDP's broadcast_buffers=True)."""
+    """Overwrite every buffer with group rank `src`'s, in place (stock's broadcast_buffers=True)."""
     if dist.get_world_size(group) == 1:
         return
     for _, buffer in module.named_buffers():
-        dist.broadcast(buffer, src=src, group=group)
+        dist.broadcast(buffer, src=global_rank(group, src), group=group)

@@ -22,7 +22,8 @@ from torch import nn
 
 from .broadcast import broadcast_buffers, broadcast_parameters, check_same_model
 from .bucket_layout import Bucket, assign_buckets, bucket_size_limits, check_bucketable
-from .naive import missing_gradients_error, move_to_device
+from .groups import global_rank
+from .naive import missing_gradients_error, move_to_device, weakly
 from . import UsageError
 
 
@@ -58,7 +59,7 @@ class BucketedDDP(nn.Module):
         self._sync_this_backward = False  # decided by forward, cleared when backward ends
         self._arrived = set()  # indices of the gradients that came in this backward
         for i, p in enumerate(self._params):
-            p.register_post_accumulate_grad_hook(functools.partial(self._gradient_ready, i))
+            p.register_post_accumulate_grad_hook(functools.partial(weakly(self._gradient_ready), i))
 
     def _build_buckets(self, layout):
         self.buckets = [Bucket(self._params, indices) for indices in layout]
@@ -104,8 +105,7 @@ class BucketedDDP(nn.Module):
             # Every rank must pack the same buckets, or the all_reduces would add up
             # different parameters; stock settles it the same way: rank 0's order wins.
             group = self.process_group
-            src = 0 if group is None else dist.get_global_rank(group, 0)
-            dist.broadcast(order, src=src, group=group)
+            dist.broadcast(order, src=global_rank(group, 0), group=group)
         return order.tolist()
 
     def _gradient_ready(self, index, param):

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from . import UsageError
+from .groups import global_rank
 
 
 def check_world(global_batch, world_size, virtual_shards=None):
@@ -103,17 +104,16 @@ def ordered_average(mine, num_shards, group=None):
     the broadcast: the bytes of an all_reduce, but the ranks add one after another.
     """
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
     total = None
     if rank > 0:
         total = mine.new_empty(mine.shape[1])
-        dist.recv(total, src=peer(rank - 1), group=group)
+        dist.recv(total, src=global_rank(group, rank - 1), group=group)
     for row in mine:
         total = row.clone() if total is None else total.add_(row)
     if rank < world - 1:
-        dist.send(total, dst=peer(rank + 1), group=group)
+        dist.send(total, dst=global_rank(group, rank + 1), group=group)
     if world > 1:
-        dist.broadcast(total, src=peer(world - 1), group=group)
+        dist.broadcast(total, src=global_rank(group, world - 1), group=group)
     return total.div_(num_shards)
 
 

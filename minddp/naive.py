@@ -17,6 +17,7 @@ equal stock's bit for bit at 1 and 2 ranks; at 3+ the additions may run in anoth
 """
 
 import contextlib
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -56,7 +57,7 @@ class NaiveDDP(nn.Module):
         self._sync_this_backward = False  # decided by forward, cleared when backward ends
         self._arrived = set()  # ids of the parameters whose gradient came in this backward
         for p in self._params:
-            p.register_post_accumulate_grad_hook(self._average_gradient)
+            p.register_post_accumulate_grad_hook(weakly(self._average_gradient))
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -114,6 +115,17 @@ class NaiveDDP(nn.Module):
         missing = [n for n, p in zip(self._names, self._params) if id(p) not in arrived]
         if missing:  # its peers averaged it and this rank did not: the replicas would part
             raise missing_gradients_error(missing)
+
+
+def weakly(method):
+    """`method`, holding its object weakly: a hook that does nothing once the wrapper is gone.
+
+    A parameter holds its hooks. A hook holding the wrapper strongly closes a cycle (parameter
+    -> hook -> wrapper -> module -> parameter) through the tensor's C++ side, where Python's
+    garbage collector cannot see it: the wrapper, and the process group it holds, never go.
+    """
+    ref = weakref.WeakMethod(method)
+    return lambda *args: None if ref() is None else ref()(*args)
 
 
 def move_to_device(args, kwargs, device_ids):

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from . import UsageError
+from .groups import global_rank
 
 MAX_DIMS = 8  # an activation's shape travels in a header of this many numbers
 
@@ -56,8 +57,8 @@ class PipelineStage:
         self.submod, self.index, self.num_stages, self.group = submodule, stage_index, \
             num_stages, group
         self.is_first, self.is_last = stage_index == 0, stage_index == num_stages - 1
-        def rank(r):  # the global rank of stage r (None: no such stage)
-            return dist.get_global_rank(group, r) if group and 0 <= r < num_stages else r
+        def rank(r):  # the global rank of stage r (send and recv take global ranks)
+            return global_rank(group, r) if 0 <= r < num_stages else None
         self.prev, self.next = rank(stage_index - 1), rank(stage_index + 1)
         first = next(submodule.parameters())
         self.device, self.dtype = device or first.device, first.dtype

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import UsageError
+from .groups import global_rank
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
@@ -92,8 +93,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         loss = self.optim.step(closure)
         works = []
         for owner in range(self.world_size):
-            src = owner if self.process_group is None else \
-                dist.get_global_rank(self.process_group, owner)
+            src = global_rank(self.process_group, owner)  # src= takes a global rank
             for group in shards[owner]:
                 for p in group["params"]:
                     works.append(dist.broadcast(p.data, src=src, group=self.process_group,
@@ -105,7 +105,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def consolidate_state_dict(self, to=0):
         """Collective: call on every rank. Gathers the full optimizer state on rank `to`."""
         gathered = [None] * self.world_size if self.rank == to else None
-        dst = to if self.process_group is None else dist.get_global_rank(self.process_group, to)
+        dst = global_rank(self.process_group, to)  # dst= takes a global rank
         dist.gather_object(self.optim.state_dict(), gathered, dst=dst, group=self.process_group)
         if self.rank != to:
             self._consolidated = None

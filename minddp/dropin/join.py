@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, JoinHook, Joinable
 
 from ..broadcast import broadcast_parameters
+from ..groups import global_rank
 from .. import UsageError
 
 
@@ -57,7 +58,7 @@ class ManualJoinHook(JoinHook):
         # Everyone agrees on one copy: the highest rank among those that finished last.
         ddp = self.ddp
         src = common_rank(ddp, dist.get_rank(ddp.process_group) if is_last_joiner else -1)
-        broadcast_parameters(ddp.module, src=_global(ddp, src), group=ddp.process_group,
+        broadcast_parameters(ddp.module, src=src, group=ddp.process_group,  # a group rank
                              buffers=ddp.broadcast_buffers)
 
 
@@ -77,7 +78,8 @@ def sync_buffers(ddp, still_training):
     src = common_rank(ddp, dist.get_rank(ddp.process_group) if still_training else -1)
     with torch.no_grad():
         for buffer in _buffers(ddp):
-            dist.broadcast(buffer, src=_global(ddp, src), group=ddp.process_group)
+            dist.broadcast(buffer, src=global_rank(ddp.process_group, src),
+                           group=ddp.process_group)
 
 
 def common_rank(ddp, candidate):
@@ -96,11 +98,6 @@ def check_joinable(ddp):
 
 def _buffers(ddp):
     return [b for _, b in ddp.module.named_buffers()]
-
-
-def _global(ddp, group_rank):
-    group = ddp.process_group
-    return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
 class JoinableDDP(Joinable):
