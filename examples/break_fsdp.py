@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from minddp import ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0
 from minddp.bench.harness import mlp
-from minddp.fsdp import fully_shard
+from minddp.fsdp import fully_shard, unit_of
 from minddp.tools.whole_tensors import full_state_dict
 
 def skip_gather_before_backward(unit):
@@ -60,16 +60,16 @@ def sharded(base, broken):
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
             if broken == "gather":
-                skip_gather_before_backward(layer._fsdp_unit)
+                skip_gather_before_backward(unit_of(layer))
             if broken == "free":
-                reshard_without_freeing(layer._fsdp_unit)
+                reshard_without_freeing(unit_of(layer))
     return fully_shard(model)
 
 
 def forward_then_count(model, x, y):
     """The loss, and the bytes of whole weights still allocated when forward has ended."""
     loss = F.cross_entropy(model(x), y)
-    units = [m._fsdp_unit for m in model.modules() if hasattr(m, "_fsdp_unit")]
+    units = [unit_of(m) for m in model.modules() if unit_of(m) is not None]
     return loss, sum(p.full.untyped_storage().nbytes() for u in units for p in u.params)
 
 

@@ -16,7 +16,6 @@ Mixed precision and the rest of stock's API: dropin/fsdp.py (`minddp.fully_shard
 
 import math
 import weakref
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -24,11 +23,13 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DeviceMesh, DTensor, Shard
 from torch.utils._pytree import tree_flatten
 
+from .fsdp_param import Param, attach_unit, unit_of
+from .groups import global_rank
+
 
 def fully_shard(module, *, reshard_after_forward=None, process_group=None):
     """Collective: shard `module`'s parameters (those not in an inner unit) over the ranks."""
-    module._fsdp_unit = Unit(module, reshard_after_forward, process_group)
-    return module
+    return attach_unit(module, Unit(module, reshard_after_forward, process_group))
 
 
 class Unit:
@@ -39,7 +40,7 @@ class Unit:
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         device = next((p.device for p in module.parameters() if not p.is_meta), torch.device("cpu"))
         self.mesh = DeviceMesh.from_group(group or dist.group.WORLD, device.type)  # for DTensor
-        self.inner = [m._fsdp_unit for m in module.modules() if hasattr(m, "_fsdp_unit")]
+        self.inner = [unit_of(m) for m in module.modules() if unit_of(m) is not None]
         self.params = [self.shard(*owned) for owned in self.owned_parameters()]
         self.is_unsharded, self._backward_done, self._callback_queued = False, True, False
         self.root, self.units = self, [self, *self.inner]  # the root, until an outer unit claims it
@@ -60,8 +61,7 @@ class Unit:
     def shard(self, name, users, param):
         """Collective: rank 0's weights to every rank (as DDP starts); keep this rank's rows."""
         if self.world_size > 1 and not param.is_meta:  # (meta: no values yet, see dropin)
-            src = dist.get_global_rank(self.group, 0) if self.group else 0
-            dist.broadcast(param, src=src, group=self.group)
+            dist.broadcast(param, src=global_rank(self.group, 0), group=self.group)
         rows = math.ceil(param.shape[0] / self.world_size)  # torch.chunk's block: the last
         start = min(self.rank * rows, param.shape[0])       # blocks may be short or empty
         # The whole weight the module computes with: same shape, storage freed between uses.
@@ -93,7 +93,8 @@ class Unit:
             piece[:block.numel()].copy_(block.reshape(-1))
             piece[block.numel():].zero_()  # the padding rows
         if self.world_size > 1:
-            dist.all_gather_single(gathered, flat, group=self.group)
+            # (torch 2.13 renamed it all_gather_single; the old name runs on every torch since)
+            dist.all_gather_into_tensor(gathered, flat, group=self.group)
         for p, piece in zip(self.params, gathered.view(self.world_size, -1).split(sizes, dim=1)):
             p.full.untyped_storage().resize_(p.full.numel() * p.full.element_size())
             # piece[r] is rank r's block. `.data` writes without bumping the version counter:
@@ -164,17 +165,7 @@ class Unit:
                           .view(self.world_size, -1) for p, g in zip(params, grads)], dim=1)
         mine = flat.view(-1) if self.world_size == 1 else flat.new_empty(flat.shape[1])
         if self.world_size > 1:  # AVG, as stock asks (gloo sums, then divides; DDP scales first)
-            dist.reduce_scatter_single(mine, flat.view(-1), op=dist.ReduceOp.AVG, group=self.group)
+            dist.reduce_scatter_tensor(mine, flat.view(-1), op=dist.ReduceOp.AVG, group=self.group)
         pieces = mine.split([p.block_numel for p in params])  # our rows, then padding
         return [self.as_dtensor(piece[:p.shard.to_local().numel()].view_as(p.shard.to_local()),
                                 p.full) for p, piece in zip(params, pieces)]
-
-
-@dataclass
-class Param:  # one sharded parameter: its block (what the optimizer updates), its whole weight
-    name: str; users: list; shard: torch.nn.Parameter; full: torch.nn.Parameter  # noqa: E702
-    rows: int; block_numel: int  # rows per block (padded dim 0 / world_size), elements  # noqa
-
-    def show(self, tensor):  # every module that holds it now holds `tensor` (shard or whole)
-        for module, attr in self.users:
-            module._parameters[attr] = tensor

@@ -23,6 +23,9 @@ RowwiseParallel(output_layouts=Shard(1)) (tp.py).
 import torch
 import torch.distributed as dist
 
+from . import UsageError
+from .tp_plan import refuse_prepare
+
 
 class _Sequence(torch.autograd.Function):
     """Gather: every rank's slice of dim `dim` -> the whole; backward, the mirror image:
@@ -41,9 +44,7 @@ class _Sequence(torch.autograd.Function):
 
 def gather_sequence(x, dim=1, group=None):
     """Collective: the whole sequence from every rank's slice (backward: reduce_scatter)."""
-    out = _Sequence.apply(x, dim, group, True)
-    out._whole_on_every_rank = True  # a column split after it must not all_reduce again
-    return out
+    return _Sequence.apply(x, dim, group, True)
 
 
 def scatter_sequence(x, dim=1, group=None):
@@ -55,7 +56,9 @@ def _gather(x, dim, group):
     # The collectives cut along dim 0: move the sequence there, and back afterwards.
     x = x.movedim(dim, 0).contiguous()
     whole = x.new_empty(dist.get_world_size(group) * x.shape[0], *x.shape[1:])
-    dist.all_gather_single(whole, x, group=group)
+    # all_gather_into_tensor: torch 2.13 also calls it all_gather_single; this name runs on
+    # every torch minddp supports.
+    dist.all_gather_into_tensor(whole, x, group=group)
     # Back in the usual layout: the Linears after it would each copy a strided input
     # (and save the copy for backward), q, k and v three times over.
     return whole.movedim(0, dim).contiguous()
@@ -64,14 +67,22 @@ def _gather(x, dim, group):
 def _reduce_scatter(x, dim, group):
     x = x.movedim(dim, 0).contiguous()
     mine = x.new_empty(x.shape[0] // dist.get_world_size(group), *x.shape[1:])
-    dist.reduce_scatter_single(mine, x, op=dist.ReduceOp.SUM, group=group)
+    dist.reduce_scatter_tensor(mine, x, op=dist.ReduceOp.SUM, group=group)  # (as above)
     return mine.movedim(0, dim).contiguous()
 
 
 class SequenceParallel:
     """A LayerNorm on this rank's tokens; its weights' gradients summed over ranks."""
 
-    def apply(self, name, module, group):
+    def __init__(self, *, sequence_dim=1, use_local_output=False):
+        self.sequence_dim = sequence_dim  # stock's arguments; the output is this rank's slice
+
+    def check(self, name, module, parent, world_size):
+        pass  # any module: its weights stay whole on every rank
+
+    def apply(self, name, module, group, src, region=None):
+        # Stock leaves the weights as they are on each rank (no broadcast: a LayerNorm starts
+        # at ones and zeros everywhere), and so does this.
         for param in module.parameters():
             # Stock leaves this gradient Partial (a DTensor) and sums it when the optimizer
             # reads it; summed here, in backward, it is the same all_reduce of the same parts.
@@ -85,16 +96,72 @@ def _summed(grad, group):
 
 
 class PrepareModuleInput:
-    """Gather the module's first input along the sequence: the modules inside need it whole."""
+    """Gather the module's inputs along the sequence: the modules inside need them whole.
 
-    def __init__(self, *, input_layouts=None, desired_input_layouts=None):
-        self.dim = _shard_dim(input_layouts)  # stock's Shard(1) -> 1
+    The column splits inside then take a gathered input (tp.py): its gradient comes back
+    as each rank's part of a sum, which the gather's backward sums once. An input made
+    from something else is whole on every rank, and the split sums its gradient itself."""
 
-    def apply(self, name, module, group):
-        module.register_forward_pre_hook(
-            lambda m, args: (gather_sequence(args[0], self.dim, group), *args[1:]))
+    def __init__(self, *, input_layouts=None, desired_input_layouts=None,
+                 input_kwarg_layouts=None, desired_input_kwarg_layouts=None,
+                 use_local_output=False):
+        layouts = input_layouts if isinstance(input_layouts, (tuple, list)) else (input_layouts,)
+        self.dims = [sequence_dim(layout) for layout in layouts]  # None: passed on as it is
+        refuse_prepare(layouts, desired_input_layouts, input_kwarg_layouts, use_local_output)
+        self.gathered = []  # this forward's gathered inputs (their autograd nodes)
+
+    def check(self, name, module, parent, world_size):
+        pass  # any module: only its inputs change
+
+    def apply(self, name, module, group, src, region=None):
+        module.register_forward_pre_hook(lambda m, args: self._gather(args, group))
+        module.register_forward_hook(lambda m, args, out: self.gathered.clear())
+
+    def _gather(self, args, group):
+        out = tuple(x if d is None else gather_sequence(x, d, group)
+                    for x, d in zip(args, self.dims + [None] * len(args)))
+        self.gathered = [y.grad_fn for y, d in zip(out, self.dims) if d is not None]
+        return out
+
+    def gave(self, name, x):
+        """Is x made from this forward's gathered inputs (True), or from other tensors (False)?"""
+        sources = autograd_sources(x, [n for n in self.gathered if n is not None])
+        if sources == {"gathered", "other"}:  # stock's DTensor refuses the mix too
+            raise UsageError(f"{name!r}: its input mixes the gathered input with other tensors"
+                             " that need a gradient", same_on_every_rank=True,
+                             hint="stock refuses it as well: got mixed torch.Tensor and DTensor")
+        return sources == {"gathered"}
 
 
-def _shard_dim(layouts):
+COLLECTIVES = {_Sequence}  # tp.py adds its own: what ends a gathered input's reach
+
+
+def autograd_sources(x, nodes):
+    """Where x's gradient flows: into `nodes` ("gathered"), elsewhere ("other"), or both.
+
+    A walk of x's autograd graph back to the nodes; a leaf, or a node made before the oldest
+    of them (autograd numbers nodes in the order they are made), is another source."""
+    if x.grad_fn is None or not nodes:
+        return {"other"} if x.requires_grad else set()
+    oldest, found, stack, seen = min(n._sequence_nr() for n in nodes), set(), [x.grad_fn], set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if any(fn is n for n in nodes):
+            found.add("gathered")
+        elif (not fn.next_functions or fn._sequence_nr() < oldest
+              or getattr(fn, "_forward_cls", None) in COLLECTIVES):
+            # A leaf (AccumulateGrad), a node from before the gather, or a tensor that a
+            # collective made whole or cut again since (a row split's sum, another gather).
+            found.add("other")
+        else:
+            stack.extend(f for f, _ in fn.next_functions)
+    return found
+
+
+def sequence_dim(layouts):
+    """The sequence dimension a layout cuts (stock's Shard(d): d), or None (Replicate())."""
     layout = layouts[0] if isinstance(layouts, (tuple, list)) else layouts
-    return getattr(layout, "dim", None)  # stock's Shard(d) has .dim; Replicate() has none
+    return getattr(layout, "dim", None)

@@ -18,12 +18,12 @@ f and g), each an autograd Function whose backward is the other's forward:
   copy_to_ranks   forward: identity     backward: all_reduce  (before a column split: each
                   rank's input gradient holds only its slice's part)
   sum_over_ranks  forward: all_reduce   backward: identity    (after a row split)
-Attention splits by heads: with q, k and v column-split, each rank holds whole heads, and the
-model's `view(B, T, -1, head_dim)` finds heads / world_size of them.
+Attention splits by heads: with q, k and v column-split, each rank holds whole heads, and
+the model's `view(B, T, -1, head_dim)` finds heads / world_size of them.
 
 The API is stock's: `parallelize_module(model, mesh, {"mlp.up": ColwiseParallel(),
-"mlp.down": RowwiseParallel()})`; every rank's weights, gradients and outputs equal
-`torch.distributed.tensor.parallel`'s bit for bit (tests/test_tp.py).
+"mlp.down": RowwiseParallel()})` (tp_plan.py reads the plan); every rank's weights,
+gradients and outputs equal `torch.distributed.tensor.parallel`'s bit for bit.
 """
 
 import torch
@@ -31,8 +31,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from . import UsageError
-from .sp import gather_sequence, scatter_sequence, _shard_dim
+from .groups import global_rank
+from .sp import COLLECTIVES, gather_sequence, scatter_sequence, sequence_dim
+from .tp_plan import SLICES, check_plan, check_split, refuse_layouts, region_of, resolve_plan
 
 
 class _CopyToRanks(torch.autograd.Function):
@@ -67,10 +68,9 @@ class _SumOverRanks(torch.autograd.Function):
 class _ShareOfBias(torch.autograd.Function):
     """The bias of a row split, divided by world_size: each rank adds its share before the sum.
 
-    Why not add the whole bias after the all_reduce, as the textbook does? Stock does this
-    (a replicated tensor added to partial sums is split evenly among them, DTensor's rule),
-    and the two round differently (examples/break_tp.py --break bias-after). The gradient
-    is the whole bias's, on every rank: the division is bookkeeping, not arithmetic to undo.
+    Not the whole bias after the all_reduce, as the textbook adds it: stock splits a replicated
+    tensor evenly among partial sums (DTensor's rule), which rounds otherwise (break_tp.py
+    --break bias-after). The gradient is the whole bias's, on every rank, as stock's.
     """
 
     @staticmethod
@@ -80,6 +80,9 @@ class _ShareOfBias(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad, None
+
+
+COLLECTIVES.update({_CopyToRanks, _SumOverRanks})  # (sp.py: a gathered input's reach)
 
 
 def copy_to_ranks(x, group=None):
@@ -93,20 +96,29 @@ def sum_over_ranks(x, group=None):
 class ColwiseParallel:
     """Cut an nn.Linear's output features over the ranks (stock's name; the output stays cut)."""
 
-    def __init__(self, *, input_layouts=None):
-        self.sequence_dim = _shard_dim(input_layouts)  # Shard(1): a sequence slice (sp.py)
+    def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output=True):
+        refuse_layouts("ColwiseParallel", output_layouts=output_layouts, wanted="Shard(-1)",
+                       use_local_output=use_local_output)
+        self.sequence_dim = sequence_dim(input_layouts)  # Shard(1): a sequence slice (sp.py)
 
-    def apply(self, name, module, group):
-        _keep_slice(name, module, "weight", 0, group)  # the weight's rows
+    def check(self, name, module, parent, world_size):
+        check_split(name, module, parent, 0, world_size)
+
+    def apply(self, name, module, group, src, region=None):
+        """region: the PrepareModuleInput whose gathered input feeds this split, if any."""
+        keep_slice(name, module, "weight", 0, group, src)  # the weight's rows
         if module.bias is not None:
-            _keep_slice(name, module, "bias", 0, group)
-        module.register_forward_pre_hook(lambda m, args: (self._whole(args[0], group), *args[1:]))
+            keep_slice(name, module, "bias", 0, group, src)
+        module.register_forward_pre_hook(
+            lambda m, args: (self._whole(name, args[0], group, region), *args[1:]))
 
-    def _whole(self, x, group):
+    def _whole(self, name, x, group, region):
         if self.sequence_dim is not None:
             return gather_sequence(x, self.sequence_dim, group)
-        if getattr(x, "_whole_on_every_rank", False):
-            return x  # gathered already (sp.py): the gather's backward sums the ranks' parts
+        if region is not None and region.gave(name, x):
+            # Made from the gathered input (after any ops): its gradient here is this rank's
+            # part of a sum, and the gather's backward (a reduce_scatter) sums it once.
+            return x
         # The input arrives whole on every rank; its gradient must come back whole too.
         return copy_to_ranks(x, group)
 
@@ -114,11 +126,18 @@ class ColwiseParallel:
 class RowwiseParallel:
     """Cut an nn.Linear's input features over the ranks; one all_reduce makes the output whole."""
 
-    def __init__(self, *, output_layouts=None):
-        self.sequence_dim = _shard_dim(output_layouts)  # Shard(1): a reduce_scatter (sp.py)
+    def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output=True):
+        refuse_layouts("RowwiseParallel", input_layouts=input_layouts, wanted="Shard(-1)",
+                       use_local_output=use_local_output)
+        self.sequence_dim = sequence_dim(output_layouts)  # Shard(1): a reduce_scatter (sp.py)
 
-    def apply(self, name, module, group):
-        _keep_slice(name, module, "weight", 1, group)  # the weight's columns; the bias whole
+    def check(self, name, module, parent, world_size):
+        check_split(name, module, parent, 1, world_size)
+
+    def apply(self, name, module, group, src, region=None):
+        keep_slice(name, module, "weight", 1, group, src)  # the weight's columns
+        if module.bias is not None and src is not None and dist.get_world_size(group) > 1:
+            dist.broadcast(module.bias.data, src=global_rank(group, src), group=group)  # whole
         module.forward = lambda x: self._forward(module, x, group)
 
     def _forward(self, module, x, group):
@@ -130,50 +149,32 @@ class RowwiseParallel:
         return sum_over_ranks(partial, group)
 
 
-def _keep_slice(name, module, attr, dim, group):
-    """Replace module.<attr> by this rank's equal slice along `dim` (a new Parameter)."""
-    if not isinstance(module, nn.Linear):
-        raise UsageError(f"{name!r} is a {type(module).__name__}, not an nn.Linear",
-                         hint="name Linear layers in the plan", same_on_every_rank=True)
+@torch.no_grad()
+def keep_slice(name, module, attr, dim, group, src):
+    """Collective: module.<attr> becomes this rank's equal slice along `dim` of group rank
+    src's tensor (src None: of this rank's own), a new Parameter."""
     full, world_size = getattr(module, attr), dist.get_world_size(group)
-    if full.shape[dim] % world_size:
-        raise UsageError(f"{name!r}: {attr} dimension {dim} has {full.shape[dim]} entries,"
-                         f" which {world_size} ranks cannot share equally",
-                         hint="choose a size the world size divides", same_on_every_rank=True)
+    if src is not None and world_size > 1:  # stock's distribute_tensor: rank src's values
+        dist.broadcast(full.data, src=global_rank(group, src), group=group)
     part = full.detach().chunk(world_size, dim)[dist.get_rank(group)].clone()
-    part = nn.Parameter(part, requires_grad=full.requires_grad)
-    part._tp_split = (dim, group)  # how the slices make the whole (gradient tables gather it)
-    setattr(module, attr, part)
+    setattr(module, attr, nn.Parameter(part, requires_grad=full.requires_grad))
+    SLICES.setdefault(module, {})[attr] = (dim, group)
 
 
-def parallelize_module(module, device_mesh=None, parallelize_plan=None):
+def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, src_data_rank=0):
     """Split the plan's Linear layers over the ranks; returns module. Collective.
 
-    device_mesh: a 1-D DeviceMesh (its group) or None (the default group). The weights
-    start from rank 0's, as stock's do, then each rank keeps its slice.
+    device_mesh: a 1-D DeviceMesh (its group) or None (the default group). As stock's, the
+    plan's splits take group rank src_data_rank's weights (None: each rank's own); nothing
+    else is touched: a layer outside the plan keeps this rank's weights.
     """
     group = device_mesh.get_group() if device_mesh is not None else None
+    plan = resolve_plan(module, parallelize_plan)  # {module name: style}, wildcards expanded
+    check_plan(module, plan, group)  # a wrong plan: refused before any collective
     modules = dict(module.named_modules())
-    if hasattr(module, "require_backward_grad_sync") or any(  # DDP's flag; FSDP's units
-            hasattr(m, "_fsdp_unit") for m in modules.values()):
-        raise UsageError("parallelize_module on a model already wrapped for data parallelism"
-                         " (DDP or fully_shard)", same_on_every_rank=True,
-                         hint="split the plain model: tp.py takes one group of ranks, no 2-D mesh")
-    for name, style in (parallelize_plan or {}).items():  # a wrong plan: refused before any
-        if name not in modules:                             # collective
-            raise UsageError(f"the plan names {name!r}, which {type(module).__name__} does"
-                             f" not have", same_on_every_rank=True,
-                             hint="use the names of model.named_modules()")
-        heads = getattr(modules[name.rpartition(".")[0]], "head_dim", None)  # attention's
-        width = getattr(modules[name], "out_features", 0) // dist.get_world_size(group)
-        if isinstance(style, ColwiseParallel) and heads and width % heads:
-            raise UsageError(f"{name!r}: {width} output features per rank is not a whole number"
-                             f" of heads of {heads}", same_on_every_rank=True,
-                             hint="use a world size that divides the number of heads")
-    if dist.get_world_size(group) > 1:
-        src = dist.get_global_rank(group, 0) if group is not None else 0
-        for tensor in module.state_dict().values():
-            dist.broadcast(tensor, src=src, group=group)
-    for name, style in (parallelize_plan or {}).items():
-        style.apply(name, modules[name], group)
+    for name, style in plan.items():
+        # A column split inside a module whose inputs sp.py's PrepareModuleInput gathers may
+        # take its input from that gather: the plan says where (region_of); a forward then
+        # asks the gather whether this very input was made from it (region.gave).
+        style.apply(name, modules[name], group, src_data_rank, region_of(name, plan))
     return module

@@ -31,17 +31,91 @@ from minddp.bench.transformer import MLP, Attention, Block  # the benchmark's, s
 from minddp.tp import ColwiseParallel, parallelize_module
 
 
-PLANS = {  # model: (build, input shape, {submodule: style}, sequence parallel)
-    "mlp": (MLP, (4, 8), {"up": "col", "down": "row"}, False),
-    "mlp-nobias": (lambda: MLP(bias=False), (4, 8), {"up": "col", "down": "row"}, False),
+class OpBeforeSplits(Attention):
+    """Attention that computes something from its (gathered) input before q, k and v."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def forward(self, x):
+        return super().forward(self.op(x))
+
+
+class CrossAttention(Attention):
+    """q from the (gathered) input, k and v from a whole memory that no gather made."""
+
+    def forward(self, x, memory):
+        B, T, _ = x.shape
+        q = self.q(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        k, v = (lin(memory).view(B, memory.shape[1], -1, self.head_dim).transpose(1, 2)
+                for lin in (self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class CrossBlock(torch.nn.Module):
+    """A LayerNorm, then cross-attention to a memory an encoder outside the plan computes."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.ln, self.attn, self.encoder = torch.nn.LayerNorm(d), CrossAttention(d), \
+            torch.nn.Linear(d, d)
+        self.register_buffer("context", torch.randn(2, 6, d))
+
+    def forward(self, x):
+        return x + self.attn(self.ln(x), self.encoder(self.context))
+
+
+class WithHead(torch.nn.Module):
+    """A block and a layer outside the plan: stock leaves that layer's weights as they are."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block, self.head = block, torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.head(self.block(x))
+
+
+def _block_with(op):
+    block = Block()
+    attention = OpBeforeSplits(op)
+    attention.load_state_dict(block.attn.state_dict())
+    block.attn = attention
+    return block
+
+
+OPS = {"scale": lambda: (lambda x: x * 0.5), "dropout": lambda: torch.nn.Dropout(0.25),
+       "dropout-eval": lambda: torch.nn.Dropout(0.25).eval(),
+       "cast": lambda: (lambda x: x.to(torch.bfloat16).to(torch.float32))}
+SP_BLOCK = {"ln1": "sp", "attn": "gather", "attn.q": "col", "attn.k": "col", "attn.v": "col",
+            "attn.o": "row-sp", "ln2": "sp", "mlp": "gather", "mlp.up": "col",
+            "mlp.down": "row-sp"}
+PLANS = {  # model: (build, input shape, {submodule: style}, sequence parallel, per-rank init)
+    "mlp": (MLP, (4, 8), {"up": "col", "down": "row"}, False, False),
+    "mlp-nobias": (lambda: MLP(bias=False), (4, 8), {"up": "col", "down": "row"}, False, False),
     "block": (Block, (2, 8, 16), {"attn.q": "col", "attn.k": "col", "attn.v": "col",
-                                  "attn.o": "row", "mlp.up": "col", "mlp.down": "row"}, False),
+                                  "attn.o": "row", "mlp.up": "col", "mlp.down": "row"},
+              False, False),
     # Sequence parallel: the LayerNorms on each rank's tokens, gathered before the column
     # splits (PrepareModuleInput), reduce-scattered after the row splits.
-    "block-sp": (Block, (2, 8, 16), {"ln1": "sp", "attn": "gather", "attn.q": "col",
-                                     "attn.k": "col", "attn.v": "col", "attn.o": "row-sp",
-                                     "ln2": "sp", "mlp": "gather", "mlp.up": "col",
-                                     "mlp.down": "row-sp"}, True),
+    "block-sp": (Block, (2, 8, 16), SP_BLOCK, True, False),
+    # Wildcards, as stock's plans write them: "attn.*" is q, k, v and o.
+    "block-wildcards": (Block, (2, 8, 16), {"attn.[qkv]": "col", "attn.o": "row",
+                                            "*.up": "col", "mlp.dow?": "row"}, False, False),
+    # An op between the gather and the column splits: their gradient is still summed once.
+    **{f"block-sp-{op}": (lambda op=op: _block_with(OPS[op]()), (2, 8, 16), SP_BLOCK, True,
+                          False) for op in OPS},
+    # k and v from a tensor no gather made, beside q from the gathered input.
+    "cross-sp": (CrossBlock, (2, 8, 16), {"ln": "sp", "attn": "gather-first", "attn.q": "col",
+                                          "attn.k": "col", "attn.v": "col", "attn.o": "row-sp"},
+                 True, False),
+    # Every rank its own weights: the plan's layers take rank 0's, the others stay each rank's.
+    "mlp-per-rank": (lambda: WithHead(MLP(16)), (4, 16), {"block.up": "col", "block.down": "row"},
+                     False, True),
+    "block-sp-per-rank": (lambda: WithHead(Block()), (2, 8, 16),
+                          {f"block.{n}": s for n, s in SP_BLOCK.items()}, True, True),
 }
 
 
@@ -52,7 +126,10 @@ def _style(library, name):
             "row-sp": lambda: tp.RowwiseParallel(output_layouts=Shard(1)),
             "sp": lambda: sp.SequenceParallel(),
             "gather": lambda: sp.PrepareModuleInput(input_layouts=(Shard(1),),
-                                                    desired_input_layouts=(Replicate(),))}[name]()
+                                                    desired_input_layouts=(Replicate(),)),
+            "gather-first": lambda: sp.PrepareModuleInput(
+                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+            }[name]()
 
 
 def _local(t):
@@ -63,8 +140,8 @@ def _local(t):
 
 
 def _case(rank, world_size, name, steps=3):
-    build, shape, plan, sequence = PLANS[name]
-    torch.manual_seed(0)
+    build, shape, plan, sequence, per_rank = PLANS[name]
+    torch.manual_seed(rank if per_rank else 0)
     base = build()
     mesh = init_device_mesh("cpu", (world_size,))
     models, optimizers = {}, {}
@@ -84,6 +161,7 @@ def _case(rank, world_size, name, steps=3):
         for who, model in models.items():
             xi = x.clone().requires_grad_()
             optimizers[who].zero_grad()
+            torch.manual_seed(1000 + step)  # a dropout draws the same mask in both
             out = model(xi)
             (out.float() ** 2).mean().backward()
             grads = {n: _local(p.grad) for n, p in model.named_parameters()}
@@ -95,7 +173,7 @@ def _case(rank, world_size, name, steps=3):
                  ([] if torch.equal(dx_s, dx_m) else ["input grad"]) + \
                  [f"grad {n}" for n in g_s if not torch.equal(g_s[n], g_m[n])] + \
                  [f"weight {n}" for n in w_s if not torch.equal(w_s[n], w_m[n])]
-        verdicts.append(differ[:2] or "equal")
+        verdicts.append(differ[:3] or "equal")
     return verdicts
 
 
@@ -108,7 +186,51 @@ def _mistakes(rank, world_size):
             "wrapped": lambda: parallelize_module(ManualDDP(MLP()), None,
                                                   {"module.up": ColwiseParallel()}),
             "heads": lambda: parallelize_module(Attention(d=8, heads=1), None,
-                                                {"q": ColwiseParallel()})}.items())
+                                                {"q": ColwiseParallel()}),
+            "local output": lambda: ColwiseParallel(use_local_output=False),
+            "col output layout": lambda: ColwiseParallel(output_layouts=Replicate()),
+            "row input layout": lambda: minddp.tp.RowwiseParallel(input_layouts=Replicate()),
+            "gather kept local": lambda: minddp.sp.PrepareModuleInput(
+                input_layouts=Shard(1), desired_input_layouts=Replicate(), use_local_output=True),
+            "mixed input": lambda: _mixed(rank, world_size, "minddp")}.items())
+
+
+class Scaled(Attention):
+    """q, k and v from the gathered input times a weight outside the plan: stock refuses."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(16))
+
+    def forward(self, x):
+        return super().forward(x * self.scale)
+
+
+def _mixed(rank, world_size, who):
+    """Run Scaled under `who`'s plan: stock's error message, or minddp's UsageError raised."""
+    plan = {"": "gather", "q": "col", "k": "col", "v": "col", "o": "row-sp"}
+    parallelize = {"stock": stock_parallelize, "minddp": parallelize_module}[who]
+    model = parallelize(Scaled(), init_device_mesh("cpu", (world_size,)),
+                        {n: _style(who, s) for n, s in plan.items()})
+    try:
+        model(torch.randn(2, 8 // world_size, 16, requires_grad=True))
+    except RuntimeError as e:
+        if who == "minddp":
+            raise
+        return str(e)
+    return None
+
+
+def _single_style(rank, world_size):
+    """A style alone as the plan: the model itself is split (stock's shortcut)."""
+    torch.manual_seed(0)
+    base = torch.nn.Linear(8, 16)
+    shapes = []
+    for parallelize, style in ((stock_parallelize, StockColwise()),
+                               (parallelize_module, ColwiseParallel())):
+        model = parallelize(copy.deepcopy(base), init_device_mesh("cpu", (world_size,)), style)
+        shapes.append(_local(model.weight).detach().clone())
+    return torch.equal(*shapes), tuple(shapes[1].shape)
 
 
 def _textbook_bias(rank, world_size):
@@ -133,6 +255,8 @@ def _textbook_bias(rank, world_size):
 def _everything(rank, world_size):
     return {"cases": {name: _case(rank, world_size, name) for name in PLANS},
             "mistakes": _mistakes(rank, world_size),
+            "single style": _single_style(rank, world_size),
+            "mixed stock": _mixed(rank, world_size, "stock"),
             "textbook": _textbook_bias(rank, world_size)}
 
 
@@ -155,7 +279,12 @@ def test_tensor_parallel_bitwise_equal_to_parallelize_module(world_size, name):
     ("not a Linear", "'ln1' is a LayerNorm, not an nn.Linear"),
     ("uneven", "'up': weight dimension 0 has 11 entries, which 2 ranks cannot share equally"),
     ("wrapped", "parallelize_module on a model already wrapped for data parallelism"),
-    ("heads", "'q': 4 output features per rank is not a whole number of heads of 8")])
+    ("heads", "'q': 4 output features per rank is not a whole number of heads of 8"),
+    ("local output", "ColwiseParallel(use_local_output=False) is not implemented"),
+    ("col output layout", "ColwiseParallel(output_layouts=Replicate()) is not implemented"),
+    ("row input layout", "RowwiseParallel(input_layouts=Replicate()) is not implemented"),
+    ("gather kept local", "PrepareModuleInput is implemented for input_layouts=Shard(d)"),
+    ("mixed input", "'q': its input mixes the gathered input with other tensors")])
 def test_a_wrong_plan_is_one_line_before_any_collective(mistake, message):
     for out in _results(2):
         assert out["mistakes"][mistake] is not None and message in out["mistakes"][mistake]
@@ -167,3 +296,14 @@ def test_the_textbook_bias_placement_is_not_stocks(world_size):
     # a rounding unit or so off stock, which adds bias / world_size on each rank before it.
     for equal, gap in (out["textbook"] for out in _results(world_size)):
         assert not equal and 0 < gap < 1e-6, gap
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_a_style_alone_splits_the_model_itself(world_size):
+    for rank, out in enumerate(_results(world_size)):
+        assert out["single style"] == (True, (16 // world_size, 8)), (rank, out["single style"])
+
+
+def test_stock_refuses_the_mixed_input_minddp_refuses():
+    for out in _results(2):
+        assert "mixed torch.Tensor and DTensor" in (out["mixed stock"] or ""), out["mixed stock"]

@@ -53,7 +53,7 @@ from torch.distributed.fsdp import fully_shard as stock_fully_shard  # noqa: E40
 from ..dropin.ddp import ManualDDP  # noqa: E402
 from ..dropin import fsdp_prefetch  # noqa: E402
 from ..dropin.fsdp import fully_shard as dropin_fully_shard  # noqa: E402
-from ..fsdp import Unit, fully_shard  # noqa: E402
+from ..fsdp import Unit, fully_shard, unit_of  # noqa: E402
 from ..tools.pictures import draw_memory  # noqa: E402
 from ..zero import ShardedOptimizer  # noqa: E402
 from . import SIZES, stock_fsdp  # noqa: E402
@@ -136,8 +136,8 @@ def whole_weights(way, model):
     if way in ("DDP", "ZeRO-1"):
         return list(model.parameters())
     if way.startswith("FSDP"):
-        return [p.full for m in model.modules() if hasattr(m, "_fsdp_unit")
-                for p in m._fsdp_unit.params]
+        return [p.full for m in model.modules() if unit_of(m) is not None
+                for p in unit_of(m).params]
     return stock_fsdp.whole_weights(model)
 
 

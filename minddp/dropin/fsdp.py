@@ -30,8 +30,9 @@ from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map_only
 
 from .. import UsageError, fsdp
+from ..fsdp_param import attach_unit, unit_of
 from ..broadcast import check_same_model
-from .fsdp_checks import refuse_stale_optimizers, refuse_stock_only
+from .fsdp_checks import mark_replaced, refuse_stale_optimizers, refuse_stock_only, replaced_by
 from .fsdp_module import FSDPModule, as_fsdp_module
 from .fsdp_prefetch import prefetch, wait_for_prefetches
 
@@ -63,13 +64,13 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, mp_policy=None
     are kept, as stock keeps them: its backward starts at once and would gather them again).
     """
     refuse_stock_only(module, mesh, reshard_after_forward, stock_only)
-    if isinstance(module, FSDPModule) or hasattr(module, "_fsdp_unit"):
+    if isinstance(module, FSDPModule) or unit_of(module) is not None:
         raise UsageError(f"fully_shard was already applied to this {type(module).__name__}",
                          hint="call fully_shard once per module", same_on_every_rank=True)
     refuse_stale_optimizers()
     group = mesh.get_group() if mesh is not None else process_group
-    module._fsdp_unit = Unit(module, reshard_after_forward, mp_policy or MixedPrecisionPolicy(),
-                             group)
+    attach_unit(module, Unit(module, reshard_after_forward, mp_policy or MixedPrecisionPolicy(),
+                             group))
     return as_fsdp_module(module)
 
 
@@ -89,7 +90,7 @@ class Unit(fsdp.Unit):
                 continue
             for attr, param in owner.named_parameters(recurse=False):
                 name = f"{prefix}.{attr}" if prefix else attr
-                if hasattr(param, "_fsdp_replaced_by"):
+                if replaced_by(param) is not None:
                     raise UsageError(f"parameter {name!r} is shared with an inner fully_shard"
                                      " unit (a weight tied across two units)",
                                      hint="fully_shard the module that holds both users of the"
@@ -115,7 +116,7 @@ class Unit(fsdp.Unit):
     @torch.no_grad()
     def shard(self, name, users, param):
         p = super().shard(name, users, param)
-        param._fsdp_replaced_by = p.shard  # an optimizer still holding `param` is told so
+        mark_replaced(param, p.shard)  # an optimizer still holding `param` is told so
         if self.mp.param_dtype not in (None, param.dtype):  # gathered, computed in param_dtype
             p.full = torch.nn.Parameter(param.new_empty(param.shape, dtype=self.mp.param_dtype),
                                         param.requires_grad)
@@ -225,7 +226,7 @@ class Unit(fsdp.Unit):
                                                       local.device.type)
                 held = self.as_dtensor(local, p.full)
             if held is not p.shard:
-                p.shard._fsdp_replaced_by = held
+                mark_replaced(p.shard, held)
                 p.shard = held if isinstance(held, torch.nn.Parameter) else \
                     torch.nn.Parameter(held, p.shard.requires_grad)
             dtype = self.mp.param_dtype or local.dtype

@@ -51,9 +51,19 @@ def refuse_stale_optimizers():
 def _check_optimizer(optimizer, args, kwargs):
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if hasattr(p, "_fsdp_replaced_by"):
+            if replaced_by(p) is not None:
                 raise UsageError(
                     f"{type(optimizer).__name__} holds a parameter of shape {list(p.shape)} that"
                     " fully_shard replaced by its shard: this optimizer was built before sharding",
                     hint="call fully_shard first, then build the optimizer from"
                          " model.parameters()")
+
+
+def mark_replaced(param, by):
+    """`param` is no longer the model's: fully_shard put `by` in its place (see replaced_by)."""
+    param._fsdp_replaced_by = by
+
+
+def replaced_by(param):
+    """What replaced `param` in the model (mark_replaced), or None if it is still the model's."""
+    return getattr(param, "_fsdp_replaced_by", None)

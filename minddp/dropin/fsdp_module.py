@@ -5,7 +5,7 @@
 Stock's fully_shard swaps the module's class for `FSDP<Class>`, a subclass of both
 `torch.distributed.fsdp.FSDPModule` and the module's own class; code written for stock checks
 `isinstance(model, FSDPModule)` and calls its methods. minddp does the same, so those checks
-pass, and implements the methods on the lesson's Unit (`module._fsdp_unit`):
+pass, and implements the methods on the lesson's Unit (`unit_of(module)`, fsdp_param.py):
   unshard / reshard                     the lesson's all_gather and free, one unit, on demand
   set_modules_to_forward_prefetch       when a unit's forward (backward) starts, gather the
   set_modules_to_backward_prefetch      listed units' too, on a thread (fsdp_prefetch.py)
@@ -18,6 +18,7 @@ Every other method of stock's FSDPModule raises UsageError naming it: never a si
 from torch.distributed.fsdp import FSDPModule as StockFSDPModule
 
 from .. import UsageError
+from ..fsdp_param import unit_of
 from .fsdp_prefetch import wait_for_prefetches
 
 
@@ -30,12 +31,12 @@ class FSDPModule(StockFSDPModule):
 
     def unshard(self, async_op=False):
         """Collective: all_gather this module's own parameters (not recursive), as stock."""
-        self._fsdp_unit.unshard(async_op=async_op)  # async: on the prefetch thread
+        unit_of(self).unshard(async_op=async_op)  # async: on the prefetch thread
         return UnshardHandle() if async_op else None
 
     def reshard(self):
         """Free this module's whole weights; its parameters are the shards again."""
-        self._fsdp_unit.reshard()
+        unit_of(self).reshard()
 
     def set_requires_gradient_sync(self, requires_gradient_sync, *, recurse=True):
         """False: backward keeps each whole gradient (summed over the backwards, in the
@@ -55,10 +56,10 @@ class FSDPModule(StockFSDPModule):
             unit.reshard_after_backward = reshard_after_backward
 
     def set_modules_to_forward_prefetch(self, modules):
-        self._fsdp_unit.forward_prefetch = _units_of(modules, "set_modules_to_forward_prefetch")
+        unit_of(self).forward_prefetch = _units_of(modules, "set_modules_to_forward_prefetch")
 
     def set_modules_to_backward_prefetch(self, modules):
-        self._fsdp_unit.backward_prefetch = _units_of(modules, "set_modules_to_backward_prefetch")
+        unit_of(self).backward_prefetch = _units_of(modules, "set_modules_to_backward_prefetch")
 
     def set_is_last_backward(self, is_last_backward):
         """Accepted; nothing to do: stock waits here for reductions still in flight, and
@@ -74,7 +75,7 @@ class FSDPModule(StockFSDPModule):
         # in place; the whole weights are not registered, so the unit re-makes them after.
         self.reshard()
         result = super(StockFSDPModule, self)._apply(*args, **kwargs)  # (nn.Module's)
-        self._fsdp_unit.adopt_registered_shards()
+        unit_of(self).adopt_registered_shards()
         return result
 
 
@@ -120,15 +121,15 @@ def _no_deepcopy(self, memo):
 
 def _units(module, recurse):
     modules = module.modules() if recurse else [module]
-    return [m._fsdp_unit for m in modules if isinstance(m, FSDPModule)]
+    return [unit_of(m) for m in modules if isinstance(m, FSDPModule)]
 
 
 def _units_of(modules, method):
     for m in modules:
-        if not isinstance(m, FSDPModule) or not hasattr(m, "_fsdp_unit"):
+        if not isinstance(m, FSDPModule) or unit_of(m) is None:
             raise UsageError(f"{method} got a {type(m).__name__} that minddp's fully_shard"
                              " did not shard", hint="pass modules given to minddp.fully_shard")
-    return [m._fsdp_unit for m in modules]
+    return [unit_of(m) for m in modules]
 
 
 def _refuse_int(value, method):

@@ -14,6 +14,8 @@ rank 0, which writes two files:
               which is what `minddp diff` compares (the format: tables.py)
 """
 
+import sys
+
 import torch
 import torch.distributed as dist
 
@@ -125,17 +127,20 @@ def _as_numpy(rows):
 
 def _whole_gradients(module):
     """{name: gradient}; a sharded model's whole gradients, gathered: a collective then."""
-    if any(hasattr(m, "_fsdp_unit") for m in module.modules()):  # minddp's fully_shard
+    # Only a model that minddp's fully_shard or parallelize_module made has units or slices,
+    # and then their lesson is imported already (asked otherwise, it would import DTensor).
+    fsdp, tp_plan = sys.modules.get("minddp.fsdp"), sys.modules.get("minddp.tp_plan")
+    if fsdp is not None and any(fsdp.unit_of(m) is not None for m in module.modules()):
         from .whole_tensors import full_gradients
         return full_gradients(module)
     # Stock's DTensors (fully_shard, parallelize_module): full_tensor() gathers one; minddp's
     # tensor-parallel slices (tp.py) are gathered along the dimension they were cut.
-    whole = {}
+    whole, cuts = {}, tp_plan.sliced(module) if tp_plan is not None else {}
     for name, p in module.named_parameters():
         if hasattr(p.grad, "full_tensor"):
             whole[name] = p.grad.full_tensor()
-        elif hasattr(p, "_tp_split") and p.grad is not None:
-            whole[name] = _gather_slices(p.grad, *p._tp_split)
+        elif name in cuts and p.grad is not None:
+            whole[name] = _gather_slices(p.grad, *cuts[name])
         else:
             whole[name] = p.grad
     return whole

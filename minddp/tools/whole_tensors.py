@@ -14,12 +14,14 @@ stock's (docs/fsdp.md).
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ..fsdp_param import unit_of
+
 
 def _reshard_all(module):
     # A unit kept unsharded (the root, after forward) shows its shards again.
     for m in module.modules():
-        if hasattr(m, "_fsdp_unit"):
-            m._fsdp_unit.reshard()
+        if unit_of(m) is not None:
+            unit_of(m).reshard()
 
 
 @torch.no_grad()
