@@ -15,6 +15,7 @@ on two: both machines would have a "rank 0" that saves.
 
 import datetime
 import faulthandler
+import functools
 import gc
 import inspect
 import os
@@ -132,20 +133,19 @@ def ddp_teardown():
 
 def forget_dtensor_caches():
     """Empty DTensor's sharding caches, which hold device meshes and so their process group."""
-    # Stock fully_shard (FSDP2) makes DTensors; the first op on each shape caches its
-    # sharding, whose device mesh holds the group, which then outlives its destroy.
+    # Stock fully_shard (FSDP2) and parallelize_module make DTensors; the first op on each
+    # shape caches its sharding, whose device mesh holds the group, which then outlives its
+    # destroy. The caches are private and differ between releases: every lru_cache of
+    # DTensor's modules is emptied, and the two caches that are not lru_caches by name.
     if "torch.distributed.tensor" not in sys.modules:
         return  # never imported: nothing cached
-    from torch.distributed.tensor import _collective_utils, _redistribute, _sharding_prop, debug
-    # (private names, so each is looked up, and skipped where a release lacks it)
-    for clear in ("_clear_python_sharding_prop_cache", "_clear_fast_path_sharding_prop_cache"):
-        getattr(debug, clear, lambda: None)()
-    for cached in (getattr(_sharding_prop.ShardingPropagator, "_propagate_tensor_meta_cached",
-                           None), getattr(_redistribute, "_gen_transform_infos", None),
-                   getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh",
-                           None)):
-        getattr(cached, "cache_clear", lambda: None)()
+    from torch.distributed.tensor import _redistribute, debug
+    getattr(debug, "_clear_fast_path_sharding_prop_cache", lambda: None)()  # (C++)
     getattr(_redistribute, "clear_redistribute_planner_cache", lambda: None)()
+    for cached in gc.get_objects():
+        if (type(cached) is functools._lru_cache_wrapper
+                and getattr(cached, "__module__", "").startswith("torch.distributed.tensor")):
+            cached.cache_clear()
 
 
 def group_threads():

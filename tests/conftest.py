@@ -6,6 +6,14 @@
 import pytest
 
 from helpers import torchrun
+from minddp.run.cli import torch_too_old
+
+
+def pytest_configure(config):
+    """On a torch older than minddp supports: one line, exit 2, no test run."""
+    refusal = torch_too_old()
+    if refusal:
+        pytest.exit(refusal.strip(), returncode=2)
 
 
 @pytest.fixture(scope="session")

@@ -193,6 +193,11 @@ def test_pp_breaks_show_their_damage(tmp_path):
     assert verdict.returncode == 1 and "4.000x" in verdict.stdout, verdict.stdout
     result = torchrun(2, script, "--break", "deadlock", "--timeout", "2")
     assert result.returncode != 0
-    for stage in (0, 1):
-        assert f"[rank{stage}] error: stage {stage} of 2 (minddp) stuck at step 0: Timed out" \
-            in result.stdout + result.stderr, result.stdout + result.stderr[-2000:]
+    # Both stages time out at about the same moment; torchrun stops the other worker as soon
+    # as one has failed, so whether the second says so itself is a race: each stage that
+    # speaks names itself, and at least one does.
+    output = result.stdout + result.stderr
+    named = [stage for stage in (0, 1) if f"[rank{stage}] error: stage {stage} of 2 (minddp)"
+             f" stuck at step 0: Timed out" in output]
+    assert named, output[-2000:]
+    assert set(re.findall(r"exitcode\s*: (-?\d+)", result.stderr)) <= {"2", "-15"}, output[-2000:]

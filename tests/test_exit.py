@@ -131,7 +131,10 @@ def test_a_typo_is_refused_once_under_torchrun_with_the_nearest_flag():
     assert ours[0] == "error: unrecognized argument '--grad-tabel'", result.stderr  # ours first
     assert ours[1].startswith("---> HINT: did you mean --grad-table?")
     assert result.stderr.count("error: unrecognized argument '--grad-tabel'") == 1  # rank 0 only
-    assert result.stderr.count("exitcode  : 2") == 2  # torchrun's report: each worker said 2
+    # torchrun's report: the worker that failed first said 2; torchrun then stops the other,
+    # which says 2 itself only if it got there first (a race that load decides: not asserted).
+    statuses = re.findall(r"exitcode\s*: (-?\d+)", result.stderr)
+    assert "2" in statuses and set(statuses) <= {"2", "-15"}, statuses
     assert "usage:" not in result.stderr
 
 

@@ -62,6 +62,9 @@ NOT_IMPLEMENTED = {
     "delay_all_reduce_named_params": None, "param_to_hook_all_reduce": None,
     "mixed_precision": None, "device_mesh": None, "skip_all_reduce_unused_params": False,
     "bucket_cap_mb_list": None,
+    # lazy_bucket_allocation=True (torch 2.15): stock then allocates each bucket when its
+    # first gradient is ready and frees it after backward; untried here, so refused.
+    "lazy_bucket_allocation": False,
 }
 
 

@@ -45,14 +45,16 @@ class ManualDDP(BucketedDDP, JoinableDDP):
                  gradient_as_bucket_view=False, static_graph=False,
                  delay_all_reduce_named_params=None, param_to_hook_all_reduce=None,
                  mixed_precision=None, device_mesh=None, skip_all_reduce_unused_params=False,
-                 bucket_cap_mb_list=None, batched_grad_copy=False, forward_sync_buffers=None):
+                 bucket_cap_mb_list=None, batched_grad_copy=False, forward_sync_buffers=None,
+                 lazy_bucket_allocation=False):
         """Stock DDP's constructor, argument for argument; the knobs in the class docstring."""
         refuse_unimplemented(static_graph=static_graph, batched_grad_copy=batched_grad_copy,
                              delay_all_reduce_named_params=delay_all_reduce_named_params,
                              param_to_hook_all_reduce=param_to_hook_all_reduce,
                              mixed_precision=mixed_precision, device_mesh=device_mesh,
                              skip_all_reduce_unused_params=skip_all_reduce_unused_params,
-                             bucket_cap_mb_list=bucket_cap_mb_list)
+                             bucket_cap_mb_list=bucket_cap_mb_list,
+                             lazy_bucket_allocation=lazy_bucket_allocation)
         # Stock (torch 2.13): broadcast_buffers=False skips buffers at construction *and*
         # before each forward; forward_sync_buffers=False only the latter.
         at_init = True if forward_sync_buffers is not None else broadcast_buffers is not False

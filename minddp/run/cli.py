@@ -11,6 +11,7 @@ that exists and is writable (minddp never creates directories behind your back).
 
 import argparse
 import difflib
+import importlib.metadata
 import os
 import tempfile
 
@@ -31,6 +32,12 @@ class ArgumentParser(argparse.ArgumentParser):
             self.error(f"unrecognized argument {unknown[0]!r}", unknown[0])
         return parsed
 
+    def parse_known_args(self, args=None, namespace=None):
+        refusal = torch_too_old()
+        if refusal:  # every rank stops; rank 0 says why, once
+            self.exit(2, refusal if os.environ.get("RANK", "0") == "0" else None)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message, given=None):
         close = difflib.get_close_matches((given or "").split("=")[0], self.flags(), n=1)
         hint = (f"did you mean {close[0]}? " if close else "") + f"{self.prog} --help lists them"
@@ -38,6 +45,29 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def flags(self):
         return [o for action in self._actions for o in action.option_strings]
+
+
+OLDEST_TORCH = (2, 13)  # docs/tests.md: the versions tried, and why not older
+
+
+def torch_version():
+    """The installed torch's (major, minor) and its version string, read without importing it."""
+    try:
+        text = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None, None
+    return tuple(int(part) for part in text.split(".")[:2]), text
+
+
+def torch_too_old():
+    """The refusal (one line and a hint) where the installed torch is older than minddp's floor."""
+    found, text = torch_version()
+    if found is None or found >= OLDEST_TORCH:
+        return None
+    return (f"error: minddp needs torch {'.'.join(map(str, OLDEST_TORCH))} or later, found {text}"
+            "\n---> HINT: pip install 'torch>=2.13' (on 2.11 and 2.12 stock's DTensor keeps the"
+            " process group alive after destroy_process_group, so FSDP and TP runs cannot end"
+            " cleanly; older releases lack what the lessons compare against)\n")
 
 
 def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=False, zero=False,
