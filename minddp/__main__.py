@@ -9,6 +9,7 @@ Each subcommand runs its module as a script (its own --help, flags and exit stat
 """
 
 import difflib
+import importlib.metadata
 import runpy
 import sys
 
@@ -24,10 +25,18 @@ COMMANDS = {  # subcommand: (module, what it does)
 }
 
 
+def version(package):
+    """An installed package's version, read without importing it (torch takes seconds)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def usage():
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
-    return ("usage: minddp COMMAND [flags]   (minddp COMMAND --help: its flags)\n\n"
+    return ("usage: minddp COMMAND [flags]   (minddp COMMAND --help: its flags; minddp --version)\n\n"
             "commands:\n" + "\n".join(lines) + "\n")
 
 
@@ -35,6 +44,9 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(usage(), end="")
+        return 0
+    if argv[0] == "--version":
+        print(f"minddp {version('minddp')}, torch {version('torch')}")
         return 0
     if argv[0] not in COMMANDS:
         close = difflib.get_close_matches(argv[0], COMMANDS, n=1)

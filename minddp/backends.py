@@ -16,7 +16,7 @@ A choice the machine cannot honour (nccl without CUDA, more nccl ranks than GPUs
 in several processes) is a UsageError with a hint, before any process group exists.
 """
 
-from . import UsageError
+from .usage_error import UsageError
 
 
 def choose_backend(backend, device, local_rank, local_world_size, world_size,

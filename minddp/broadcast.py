@@ -12,7 +12,7 @@ one rank only), so stock DDP copies rank 0's state to everyone when it wraps the
 import torch
 import torch.distributed as dist
 
-from . import UsageError
+from .usage_error import UsageError
 from .groups import global_rank
 
 

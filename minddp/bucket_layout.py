@@ -17,7 +17,7 @@ BucketedDDP's gradients bitwise equal to stock's (tests/test_buckets.py).
 
 import torch
 
-from . import UsageError
+from .usage_error import UsageError
 
 MB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25  # stock's bucket_cap_mb

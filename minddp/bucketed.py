@@ -24,7 +24,7 @@ from .broadcast import broadcast_buffers, broadcast_parameters, check_same_model
 from .bucket_layout import Bucket, assign_buckets, bucket_size_limits, check_bucketable
 from .groups import global_rank
 from .naive import missing_gradients_error, move_to_device, weakly
-from . import UsageError
+from .usage_error import UsageError
 
 
 class BucketedDDP(nn.Module):

@@ -22,7 +22,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import UsageError
+from .usage_error import UsageError
 from .groups import global_rank
 
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from . import UsageError
+from .usage_error import UsageError
 from .broadcast import broadcast_buffers, broadcast_parameters, check_same_model
 
 

@@ -24,7 +24,7 @@ step(target=y, losses=[]) on the last, step() between.
 import torch
 import torch.distributed as dist
 
-from . import UsageError
+from .usage_error import UsageError
 from .groups import global_rank
 
 MAX_DIMS = 8  # an activation's shape travels in a header of this many numbers
@@ -33,13 +33,16 @@ MAX_DIMS = 8  # an activation's shape travels in a header of this many numbers
 def stage_layers(model, stage_index, num_stages):
     """Stage `stage_index`'s layers of `model` (an nn.Sequential): cut into num_stages runs
     of consecutive layers, the first stages one longer where the count does not divide."""
-    if num_stages > len(model):
-        raise UsageError(f"{num_stages} stages but the model has {len(model)} layers: a stage"
-                         " would be empty", hint="use at most as many stages (ranks) as"
-                         " layers", same_on_every_rank=True)
     per, extra = divmod(len(model), num_stages)
-    start = stage_index * per + min(stage_index, extra)
-    return model[start:start + per + (stage_index < extra)]
+    starts = [s * per + min(s, extra) for s in range(num_stages + 1)]
+    # Every rank checks every stage: a stage refused on its own rank alone would leave the
+    # others waiting for it.
+    empty = [s for s in range(num_stages) if not list(model[starts[s]:starts[s + 1]].parameters())]
+    if empty:
+        raise UsageError(f"{num_stages} stages of a model of {len(model)} layers: stage"
+                         f" {empty[0]} would hold no weights", same_on_every_rank=True,
+                         hint="use fewer stages (ranks), so each holds a layer with weights")
+    return model[starts[stage_index]:starts[stage_index + 1]]
 
 
 class PipelineStage:
@@ -51,8 +54,8 @@ class PipelineStage:
             raise UsageError(f"{num_stages} stages on {dist.get_world_size(group)} ranks: this"
                              " pipeline runs one stage per rank", same_on_every_rank=True,
                              hint="start as many ranks as stages (--nproc_per_node)")
-        if not list(submodule.parameters()):
-            raise UsageError(f"stage {stage_index} has no parameters", same_on_every_rank=True,
+        if not list(submodule.parameters()):  # (found on this rank alone: it says so)
+            raise UsageError(f"stage {stage_index} has no parameters",
                              hint="give every stage at least one layer with weights")
         self.submod, self.index, self.num_stages, self.group = submodule, stage_index, \
             num_stages, group

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from . import UsageError
+from .usage_error import UsageError
 
 
 class ShardSampler(Sampler):

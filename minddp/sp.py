@@ -23,7 +23,7 @@ RowwiseParallel(output_layouts=Shard(1)) (tp.py).
 import torch
 import torch.distributed as dist
 
-from . import UsageError
+from .usage_error import UsageError
 from .tp_plan import refuse_prepare
 
 

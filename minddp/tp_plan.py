@@ -21,7 +21,7 @@ from fnmatch import fnmatch
 import torch.distributed as dist
 from torch import nn
 
-from . import UsageError
+from .usage_error import UsageError
 from .fsdp_param import unit_of
 
 SLICES = weakref.WeakKeyDictionary()  # module -> {attribute: (dim, group)}: tp.keep_slice's

@@ -26,7 +26,7 @@ numbers, wherever it runs, and a broadcast copies bits.
 import torch
 import torch.distributed as dist
 
-from . import UsageError
+from .usage_error import UsageError
 from .groups import global_rank
 
 

@@ -122,3 +122,15 @@ def test_tp_bench_counts_what_the_formula_says():
     assert float(by_way["TP"][2]) < float(by_way["DDP"][2])  # each rank a slice of the weights
     assert float(by_way["TP+SP"][5]) < float(by_way["TP"][5])  # and of the activations
 
+
+
+@pytest.mark.parametrize("command,message", [
+    (["bench", "--world-sizes", "0"], "error: argument --world-sizes: must be at least 1, not 0"),
+    (["fsdp-bench", "--rounds", "0"], "error: argument --rounds: must be at least 1, not 0"),
+    (["tp-bench", "--world-sizes", "3"],
+     "error: argument --world-sizes: the benchmark's 8 attention heads do not split over 3")])
+def test_a_benchmark_flag_that_cannot_run_is_one_line_before_any_rank(command, message):
+    result = run([sys.executable, "-m", "minddp", *command])
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 2, result.stderr
+    assert lines[0].startswith(message) and lines[1].startswith("---> HINT: "), result.stderr

@@ -105,8 +105,7 @@ def _help_of(program, args):
                 sys.modules.pop(COMMANDS[program.split()[1]][0], None)
                 minddp_main([program.split()[1]] + args + ["--help"])
             elif program.startswith("minddp."):
-                for name in (program, minddp._OldNames._new(program)):  # (an old path too)
-                    sys.modules.pop(name, None)  # run it as __main__, not the imported copy
+                sys.modules.pop(program, None)  # run it as __main__, not the imported copy
                 runpy.run_module(program, run_name="__main__", alter_sys=True)
             else:
                 runpy.run_path(str(REPO / program), run_name="__main__")

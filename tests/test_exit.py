@@ -170,3 +170,11 @@ def test_a_finished_checkpoint_says_so_and_trains_nothing_more(tmp_path):
     assert more.returncode == 0, more.stderr
     assert "resuming from" in more.stdout and "Epoch: 004/004" in more.stdout
     assert "Epoch: 003/004" not in more.stdout
+
+
+def test_version_names_minddp_and_torch_without_importing_torch():
+    result = run([sys.executable, "-X", "importtime", "-m", "minddp", "--version"])
+    assert result.returncode == 0
+    assert re.fullmatch(r"minddp \S+, torch \S+\n", result.stdout), result.stdout
+    # importtime's lines name every module imported, one a line: torch is not among them
+    assert not re.search(r"\|\s+torch$", result.stderr, re.M)

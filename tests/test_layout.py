@@ -7,8 +7,9 @@
 - The layering, read from the source (ast): a lesson imports only other lessons and the
   package's one error type (`from . import UsageError`), never the drop-in, the instruments,
   the benchmarks or the run support; and the FSDP lesson carries none of the drop-in's parts.
-- Old module paths (`python -m minddp.diff`, `from minddp.timeline import ...`) still work,
-  and every public name resolves to the module an editor would jump to.
+- The front door (`minddp/__init__.py`) is a table of public names, each listed once; no
+  lesson imports it, and it installs no import hook.
+- Every public name resolves to the module that defines it.
 """
 
 import ast
@@ -26,9 +27,9 @@ FOLDERS = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "
 
 
 def test_the_top_level_is_the_lessons():
-    assert set(LESSONS) == {"launch", "backends", "groups", "sampler", "broadcast", "naive",
-                            "bucket_layout", "bucketed", "zero", "fsdp", "fsdp_param", "tp",
-                            "tp_plan", "sp", "pp", "elastic"}
+    assert set(LESSONS) == {"usage_error", "launch", "backends", "groups", "sampler",
+                            "broadcast", "naive", "bucket_layout", "bucketed", "zero", "fsdp",
+                            "fsdp_param", "tp", "tp_plan", "sp", "pp", "elastic"}
     assert FOLDERS == ["bench", "dropin", "run", "tools"]
     for folder in FOLDERS:  # each opens with a paragraph saying what it holds and for whom
         doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text()))
@@ -59,12 +60,13 @@ def _minddp_imports(path, root=REPO):
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
-def test_a_lesson_imports_only_lessons_and_the_error_type(lesson):
+def test_a_lesson_imports_only_lessons_never_the_front_door(lesson):
     for module, names in _minddp_imports(PACKAGE / f"{lesson}.py"):
-        if module == "minddp":
-            assert set(names) <= set(LESSONS) | {"UsageError"}, (lesson, names)
-        else:
+        assert module != "minddp" or set(names) <= set(LESSONS), (lesson, names)  # a lesson
+        if module != "minddp":
             assert module.split(".")[1] in LESSONS, f"{lesson}.py imports {module}"
+        assert not (module == "minddp" and set(names) & set(minddp.PUBLIC) - set(LESSONS)), \
+            f"{lesson}.py imports {names} from the front door"
 
 
 def test_the_layering_test_catches_an_arrow_back(tmp_path):
@@ -97,20 +99,14 @@ def test_stock_private_fsdp_internals_are_read_in_one_place():
 
 @pytest.mark.parametrize("name", minddp.__all__)
 def test_every_public_name_resolves_to_its_definition(name):
-    obj = getattr(minddp, name)
-    where = minddp._WHERE.get(name)
-    if where is not None:
-        assert getattr(obj, "__module__", None) == f"minddp.{where}", name
+    assert getattr(getattr(minddp, name), "__module__", None) == f"minddp.{minddp.PUBLIC[name]}"
 
 
-def test_old_module_paths_still_work():
-    import minddp.diff
-    import minddp.tools.diff
-    from minddp.timeline import read_chrome_trace, record_timeline  # noqa: F401
-    assert minddp.diff is minddp.tools.diff  # the same module, not a copy
-    out = subprocess.run([sys.executable, "-m", "minddp.diff", "--help"], cwd=REPO,
-                         capture_output=True, text=True)
-    assert out.returncode == 0 and "usage: minddp diff" in out.stdout, out.stderr
+def test_the_front_door_is_a_table_and_installs_no_hook():
+    source = (PACKAGE / "__init__.py").read_text()
+    assert "meta_path" not in source and "TYPE_CHECKING" not in source
+    for name in minddp.PUBLIC:  # each public name once: its entry in the table
+        assert source.count(f'"{name}"') == 1, name
 
 
 def test_importing_minddp_loads_no_torch():

@@ -126,6 +126,8 @@ def _mistakes(rank, world_size):
         ("batch not divisible", lambda: pp.ScheduleGPipe(stage, 3, F.mse_loss).step(
             x, target=y)),
         ("stage without weights", lambda: pp.PipelineStage(nn.Tanh(), rank, world_size)),
+        ("a stage of the cut without weights", lambda: pp.stage_layers(
+            nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Tanh(), nn.Linear(4, 4)), rank, 3)),
         ("stages not ranks", lambda: pp.PipelineStage(layers, rank, world_size + 1))])
 
 
@@ -181,9 +183,10 @@ def test_gpipe_and_1f1b_differ_only_in_order():
 
 
 @pytest.mark.parametrize("mistake,message", [
-    ("more stages than layers", "2 stages but the model has 1 layers: a stage would be empty"),
+    ("more stages than layers", "2 stages of a model of 1 layers: stage 1 would hold no weights"),
     ("batch not divisible", "a batch of 16 cannot be cut into 3 equal microbatches"),
     ("stage without weights", "has no parameters"),
+    ("a stage of the cut without weights", "3 stages of a model of 4 layers: stage 1 would hold"),
     ("stages not ranks", "3 stages on 2 ranks: this pipeline runs one stage per rank")])
 def test_bad_input_is_one_line(mistake, message):
     for out in _results(2):

@@ -14,24 +14,41 @@ This file holds what the runners need before torch is imported, so that a mistyp
 is refused at once: the model sizes and the flags every benchmark shares.
 """
 
+import argparse
+
 from ..run.cli import ArgumentParser
 
 SIZES = {"0.3M": (256, 4), "4M": (1024, 4), "17M": (2048, 4)}  # name: (width, layers) of an MLP
+WIDTH, HEADS, TOKENS, BLOCKS = 256, 8, 64, 2  # the tensor-parallel benchmark's transformer
+
+
+def at_least(low):
+    """An argparse type: an int no smaller than `low` (a count of 0 would run nothing)."""
+    def number(text):
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
+        return value
+    number.__name__ = "int"  # what argparse names in "invalid int value"
+    return number
 
 
 def bench_parser(doc, prog, default_world_sizes):
     """The flags every benchmark shares (parse with .parse_args(): a typo names the nearest)."""
     parser = ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--world-sizes", nargs="+", type=int, default=default_world_sizes,
+    parser.add_argument("--world-sizes", nargs="+", type=at_least(1), default=default_world_sizes,
                         help="started here, one after another (ignored under torchrun)")
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--batch", type=int, default=64, help="rows per step and rank")
-    parser.add_argument("--steps", type=int, default=1, help="timed steps per contender per round")
-    parser.add_argument("--rounds", type=int, default=60, help="rounds of alternating contenders")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per contender first")
-    parser.add_argument("--threads", type=int, default=0,
+    parser.add_argument("--batch", type=at_least(1), default=64, help="rows per step and rank")
+    parser.add_argument("--steps", type=at_least(1), default=1,
+                        help="timed steps per contender per round")
+    parser.add_argument("--rounds", type=at_least(1), default=60,
+                        help="rounds of alternating contenders")
+    parser.add_argument("--warmup", type=at_least(0), default=3,
+                        help="untimed steps per contender first")
+    parser.add_argument("--threads", type=at_least(0), default=0,
                         help="torch threads per rank (0: cores / ranks)")
     parser.add_argument("--format", default="simple", help="tabulate format, e.g. github for docs")
     return parser

@@ -29,7 +29,7 @@ def parse(argv=None):
                         help="draw a recorded trace (--timeline's, --out's) instead of running")
     args = parser.parse_args(argv)
     args.kinds = ["naive", "bucketed", "stock"] if args.ddp == "all" else [args.ddp]
-    from .. import UsageError
+    from ..usage_error import UsageError
     from ..run.errors import exit_on_usage_error
     check_outputs(args, "png", "out")
     with exit_on_usage_error():

@@ -23,14 +23,19 @@ the LayerNorm gradients' all_reduces. Step times: medians of rounds in a shuffle
 ratios to stock's TP in the same run.
 """
 
-from . import bench_parser, check_outputs
+from . import HEADS, bench_parser, check_outputs
 
 
 def parse(argv=None):
     parser = bench_parser(__doc__, "minddp tp-bench", [1, 2, 4])
     parser.set_defaults(batch=8, sizes=["4M"])  # sizes: unused here (one model)
     parser.add_argument("--png", metavar="PATH", help="draw the memory per rank (matplotlib)")
-    return check_outputs(parser.parse_args(argv), "png")
+    args = parser.parse_args(argv)
+    for world_size in args.world_sizes:  # the heads and widths are cut over the ranks
+        if HEADS % world_size:
+            parser.error(f"argument --world-sizes: the benchmark's {HEADS} attention heads do"
+                         f" not split over {world_size} ranks (use 1, 2, 4 or 8)")
+    return check_outputs(args, "png")
 
 
 if __name__ == "__main__":

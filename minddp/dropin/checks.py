@@ -10,7 +10,7 @@ lesson: ManualDDP (ddp.py) calls them before handing the module to BucketedDDP.
 
 import torch
 
-from .. import UsageError
+from ..usage_error import UsageError
 from .. import launch  # noqa: F401  (it imports torch._dynamo: see below)
 
 # Training code imports its DDP class at the top, before it creates its process group

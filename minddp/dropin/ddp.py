@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ..bucketed import BucketedDDP
 from .bucket_extras import GradBucket, aliases, assign_buckets_with_sparse, expects_sparse_gradient
 from .checks import check_stock_arguments, refuse_unimplemented
-from .. import UsageError
+from ..usage_error import UsageError
 from .comm_hooks import hook_result
 from .join import JoinableDDP, join_forward
 from .unused import unused_parameters

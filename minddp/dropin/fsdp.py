@@ -29,7 +29,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map_only
 
-from .. import UsageError, fsdp
+from .. import fsdp
+from ..usage_error import UsageError
 from ..fsdp_param import attach_unit, unit_of
 from ..broadcast import check_same_model
 from .fsdp_checks import mark_replaced, refuse_stale_optimizers, refuse_stock_only, replaced_by

@@ -10,7 +10,7 @@ silently do nothing.
 
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from .. import UsageError
+from ..usage_error import UsageError
 
 
 def refuse_stock_only(module, mesh, reshard_after_forward, stock_only):

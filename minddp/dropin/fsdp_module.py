@@ -17,7 +17,7 @@ Every other method of stock's FSDPModule raises UsageError naming it: never a si
 
 from torch.distributed.fsdp import FSDPModule as StockFSDPModule
 
-from .. import UsageError
+from ..usage_error import UsageError
 from ..fsdp_param import unit_of
 from .fsdp_prefetch import wait_for_prefetches
 

@@ -30,7 +30,7 @@ from torch.distributed.algorithms.join import Join, JoinHook, Joinable
 
 from ..broadcast import broadcast_parameters
 from ..groups import global_rank
-from .. import UsageError
+from ..usage_error import UsageError
 
 
 class ManualJoinHook(JoinHook):

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from .. import UsageError
+from ..usage_error import UsageError
 from ..launch import get_rank, print0
 
 FORMAT = "minddp-checkpoint/2"

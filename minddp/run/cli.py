@@ -15,7 +15,7 @@ import importlib.metadata
 import os
 import tempfile
 
-from .. import UsageError
+from ..usage_error import UsageError
 from .errors import exit_on_usage_error
 
 

@@ -24,7 +24,7 @@ import sys
 import threading
 import traceback
 
-from .. import UsageError  # the lessons' one error type; this file turns it into an exit
+from ..usage_error import UsageError  # the lessons' one error type; this file turns it into an exit
 
 # Every exit status minddp's scripts give, in one place:
 EXIT_FAILURE = 1  # a collective that failed, or any other error while a group lives

@@ -11,7 +11,7 @@ import time
 
 import torch.distributed as dist
 
-from .. import UsageError
+from ..usage_error import UsageError
 from ..launch import get_rank, print_rank
 from .errors import EXIT_INJECTED_CRASH
 

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from .. import UsageError
+from ..usage_error import UsageError
 from ..zero import ShardedOptimizer
 
 FORMAT = "minddp-sharded-checkpoint/1"

@@ -19,7 +19,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from .. import UsageError
+from ..usage_error import UsageError
 from .tables import TableError, read_table, write_table  # noqa: F401  (the file format)
 
 def _to_numpy(t):

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..broadcast import check_same_model
-from .. import UsageError
+from ..usage_error import UsageError
 
 
 class ReplicaError(UsageError):

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from ..bucketed import BucketedDDP
-from .. import UsageError
+from ..usage_error import UsageError
 from ..naive import NaiveDDP
 from .overlap import COMM, COMPUTE
 
