@@ -5,7 +5,7 @@
 
 import pytest
 
-from helpers import torchrun
+from helpers import select_modules, torchrun
 from minddp.run.cli import torch_too_old
 
 
@@ -14,6 +14,11 @@ def pytest_configure(config):
     refusal = torch_too_old()
     if refusal:
         pytest.exit(refusal.strip(), returncode=2)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The shared spawns run the registered work of the selected tests' modules only."""
+    select_modules({item.module.__name__ for item in items if item.module is not None})
 
 
 @pytest.fixture(scope="session")

@@ -100,8 +100,12 @@ def run_ranks(fn, world_size, *args, timeout=HANG_S, gpu=False):
 
 
 # One spawn per world size for the test modules that register their work here: starting
-# ranks (each imports torch) costs seconds, the work itself often less.
-_SHARED, _SHARED_RESULTS = {}, {}
+# ranks (each imports torch) costs seconds, the work itself often less. A registered function
+# that raises (on every rank alike, as a bug or a failed check does) fails only the tests that
+# ask for its result, with its traceback; the spawn goes on with the next function. One that
+# leaves a peer waiting in a collective still ends the whole spawn, at its bound. The spawn's
+# outcome, results or failure, is kept: a second test asking for it does not start it again.
+_SHARED, _SHARED_RESULTS, _SELECTED = {}, {}, None
 
 
 def share_spawn(fn, world_sizes, *args, key=""):
@@ -112,11 +116,29 @@ def share_spawn(fn, world_sizes, *args, key=""):
         _SHARED.setdefault(world_size, {})[_name(fn, key)] = (fn, args)
 
 
+def select_modules(modules):
+    """Run only the registered work of these test modules (conftest: the tests selected)."""
+    global _SELECTED
+    _SELECTED = set(modules)
+
+
 def shared_results(fn, world_size, key=""):
     """[fn's result on each rank], from the shared spawn of `world_size` ranks."""
     if world_size not in _SHARED_RESULTS:
-        _SHARED_RESULTS[world_size] = run_ranks(_run_shared, world_size, _SHARED[world_size])
-    return [out[_name(fn, key)] for out in _SHARED_RESULTS[world_size]]
+        work = {name: entry for name, entry in _SHARED[world_size].items()
+                if _SELECTED is None or entry[0].__module__ in _SELECTED}
+        try:
+            _SHARED_RESULTS[world_size] = run_ranks(_run_shared, world_size, work)
+        except Exception as failure:  # kept: every test of this spawn reports it, none reruns it
+            _SHARED_RESULTS[world_size] = failure
+    results = _SHARED_RESULTS[world_size]
+    if isinstance(results, Exception):
+        raise RuntimeError(f"the shared spawn of {world_size} ranks failed") from results
+    outcomes = [out[_name(fn, key)] for out in results]
+    for rank, (ok, value) in enumerate(outcomes):
+        if not ok:
+            raise AssertionError(f"{_name(fn, key)} raised on rank {rank} of {world_size}:\n{value}")
+    return [value for _, value in outcomes]
 
 
 def _name(fn, key):
@@ -126,7 +148,10 @@ def _name(fn, key):
 def _run_shared(rank, world_size, work):
     out = {}
     for name, (fn, args) in work.items():  # the same order on every rank
-        out[name] = fn(rank, world_size, *args)
+        try:
+            out[name] = (True, fn(rank, world_size, *args))
+        except Exception:  # this function's tests fail with it; the others still run
+            out[name] = (False, traceback.format_exc())
         dist.barrier()  # each module's work ends on every rank before the next begins
     return out
 

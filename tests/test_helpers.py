@@ -1,0 +1,48 @@
+"""The test helpers themselves: a shared spawn keeps one failing module's work to its tests.
+
+    pytest tests/test_helpers.py
+"""
+
+import pytest
+import torch.distributed as dist
+
+import helpers
+from helpers import run_ranks
+
+
+def _raises(rank, world_size):
+    dist.barrier()  # a collective first: it fails after taking part, as real work does
+    raise ValueError(f"planted on rank {rank}")
+
+
+def _works(rank, world_size):
+    out = [None] * world_size  # a collective after the other function's failure
+    dist.all_gather_object(out, [rank])
+    return out
+
+
+def test_a_function_that_raises_fails_alone_and_the_spawn_goes_on():
+    work = {"raises": (_raises, ()), "works": (_works, ())}
+    for rank, out in enumerate(run_ranks(helpers._run_shared, 2, work)):
+        ok, text = out["raises"]
+        assert not ok and f"ValueError: planted on rank {rank}" in text and "Traceback" in text
+        assert out["works"] == (True, [[0], [1]])
+
+
+def test_its_tests_see_its_traceback_and_the_outcome_is_kept(monkeypatch):
+    outcome = [{"m.f": (False, "Traceback ... ValueError: planted"), "m.g": (True, 7)}] * 2
+    monkeypatch.setitem(helpers._SHARED_RESULTS, 99, outcome)
+    def f(rank, world_size):
+        pass
+
+    def g(rank, world_size):
+        pass
+    f.__module__ = g.__module__ = "m"
+    with pytest.raises(AssertionError, match="m.f raised on rank 0 of 99:\nTraceback"):
+        helpers.shared_results(f, 99)
+    assert helpers.shared_results(g, 99) == [7, 7]
+    failure = RuntimeError("a rank failed")
+    monkeypatch.setitem(helpers._SHARED_RESULTS, 98, failure)
+    for _ in range(2):  # asked twice, started never: the failure is the kept outcome
+        with pytest.raises(RuntimeError, match="the shared spawn of 98 ranks failed"):
+            helpers.shared_results(g, 98)
