@@ -27,7 +27,7 @@ from .groups import global_rank
 
 
 def check_world(global_batch, world_size, virtual_shards=None):
-    """One line when this world size cannot keep the run's global batch (or its shard count)."""
+    """One line when this world size cannot keep the global batch (or the shard count)."""
     if global_batch % world_size:
         raise UsageError(f"a global batch of {global_batch} cannot be kept at world size"
                          f" {world_size}: {global_batch} samples do not split evenly over"
@@ -61,7 +61,7 @@ class ElasticBatchSampler(torch.utils.data.Sampler):
         self.steps_per_epoch = num_samples // global_batch
 
     def set_epoch(self, epoch, start_step=0):
-        """Start of each epoch; `start_step`: the steps of it a checkpoint has already taken."""
+        """Start of each epoch; `start_step`: the steps a checkpoint has already taken."""
         self.epoch, self.start = epoch, start_step
 
     def __iter__(self):
@@ -83,7 +83,8 @@ def shard_gradients(model, loss_fn, features, labels, shards_here):
     per-shard gradient's bits then depend on the shard only. Returns the shards' losses too.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    rows = params[0].new_empty(shards_here, sum(p.numel() for p in params))  # one row per shard
+    # One row per shard, each the shard's whole flat gradient.
+    rows = params[0].new_empty(shards_here, sum(p.numel() for p in params))
     losses = []
     for row, x, y in zip(rows, features.chunk(shards_here), labels.chunk(shards_here)):
         loss = loss_fn(model(x), y)
@@ -118,7 +119,7 @@ def ordered_average(mine, num_shards, group=None):
 
 
 def set_gradients(model, flat):
-    """Hand each parameter its part of the flat gradient, as .grad (what the optimizer reads)."""
+    """Hand each parameter its part of the flat gradient as .grad (the optimizer reads it)."""
     offset = 0
     for p in (p for p in model.parameters() if p.requires_grad):
         p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
@@ -126,7 +127,7 @@ def set_gradients(model, flat):
 
 
 def shard_rows(rows, world_size, rank):
-    """(start, stop) of the rows rank owns when `rows` rows are cut torch.chunk's way (FSDP's)."""
+    """(start, stop) of the rows `rank` owns when torch.chunk cuts `rows` rows (FSDP's cut)."""
     per = math.ceil(rows / world_size)
     return min(rank * per, rows), min((rank + 1) * per, rows)
 

@@ -1,9 +1,9 @@
-"""FSDP by hand (ZeRO-3): every rank keeps a shard of each weight and gathers a layer just in time.
+"""FSDP by hand (ZeRO-3): each rank keeps a shard of every weight, gathers a layer just in time.
 
     torchrun --nproc_per_node=2 examples/fsdp.py --grad-table runs/fsdp.txt
-    pytest tests/test_fsdp.py                  # each rank's shards equal fully_shard's, 1-4 ranks
+    pytest tests/test_fsdp.py                 # each rank's shards are fully_shard's, 1-4 ranks
 
-DDP keeps the whole model on every rank; ZeRO-1 shards the optimizer state; FSDP the weights too:
+DDP keeps the whole model on every rank; ZeRO-1 shards the optimizer state; FSDP the weights:
   shard           cut each parameter into world_size blocks of rows; a rank keeps one, as a
                   DTensor, so torch's utilities still see the whole weight (as_dtensor)
   unshard         before a unit (a module given to fully_shard) runs, one all_gather puts the
@@ -33,17 +33,21 @@ def fully_shard(module, *, reshard_after_forward=None, process_group=None):
 
 
 class Unit:
-    """The parameters of one fully_shard call: one all_gather and one reduce_scatter for all."""
+    """The parameters of one fully_shard call: one all_gather, one reduce_scatter for all."""
 
     def __init__(self, module, reshard_after_forward, group):
-        self.module, self.group, self.reshard_after_forward = module, group, reshard_after_forward
+        self.module = module
+        self.group = group
+        self.reshard_after_forward = reshard_after_forward
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        device = next((p.device for p in module.parameters() if not p.is_meta), torch.device("cpu"))
-        self.mesh = DeviceMesh.from_group(group or dist.group.WORLD, device.type)  # for DTensor
+        device = next((p.device for p in module.parameters() if not p.is_meta), "cpu")
+        # The shards are DTensors (as_dtensor): they need the group as a 1-D device mesh.
+        self.mesh = DeviceMesh.from_group(group or dist.group.WORLD, torch.device(device).type)
         self.inner = [unit_of(m) for m in module.modules() if unit_of(m) is not None]
         self.params = [self.shard(*owned) for owned in self.owned_parameters()]
         self.is_unsharded, self._backward_done, self._callback_queued = False, True, False
-        self.root, self.units = self, [self, *self.inner]  # the root, until an outer unit claims it
+        # The root, until an outer unit claims this one: it ends every backward (units).
+        self.root, self.units = self, [self, *self.inner]
         for unit in self.inner:  # reshard_after_forward: by default, all but the root's
             unit.root, unit.units = self, []
             unit.reshard_after_forward = unit.reshard_after_forward is not False
@@ -59,7 +63,7 @@ class Unit:
 
     @torch.no_grad()
     def shard(self, name, users, param):
-        """Collective: rank 0's weights to every rank (as DDP starts); keep this rank's rows."""
+        """Collective: rank 0's weights to every rank (as DDP starts); keep our rows."""
         if self.world_size > 1 and not param.is_meta:  # (meta: no values yet, see dropin)
             dist.broadcast(param, src=global_rank(self.group, 0), group=self.group)
         rows = math.ceil(param.shape[0] / self.world_size)  # torch.chunk's block: the last
@@ -74,8 +78,8 @@ class Unit:
         return p
 
     def as_dtensor(self, block, full):
-        """Our rows of `full` as a DTensor, "Shard(0) of full's shape on the mesh": clip_grad_norm_
-        on a plain block clips each rank by its own rows' norm; on a DTensor, by the whole's."""
+        """Our rows of `full` as a DTensor, Shard(0) of full's shape on the mesh. Why: on a
+        plain block, clip_grad_norm_ clips each rank by its own rows' norm, not the whole's."""
         return DTensor.from_local(block, self.mesh, [Shard(0)], run_check=False,
                                   shape=full.shape, stride=full.stride())
 
@@ -84,7 +88,7 @@ class Unit:
         """Collective: all_gather the unit's blocks; the module then holds whole weights."""
         if self.is_unsharded or not self.params:  # (a root may have no parameters of its own)
             return
-        # One flat buffer, each block padded to `rows` rows: one collective, pieces of one size.
+        # One flat buffer, each block padded to `rows` rows: one collective, equal pieces.
         sizes = [p.block_numel for p in self.params]
         gathered = self.params[0].full.new_empty(self.world_size * sum(sizes))
         flat = gathered.view(self.world_size, -1)[self.rank]  # our slot: gathered in place
@@ -95,10 +99,11 @@ class Unit:
         if self.world_size > 1:
             # (torch 2.13 renamed it all_gather_single; the old name runs on every torch since)
             dist.all_gather_into_tensor(gathered, flat, group=self.group)
-        for p, piece in zip(self.params, gathered.view(self.world_size, -1).split(sizes, dim=1)):
+        pieces = gathered.view(self.world_size, -1).split(sizes, dim=1)
+        for p, piece in zip(self.params, pieces):
             p.full.untyped_storage().resize_(p.full.numel() * p.full.element_size())
             # piece[r] is rank r's block. `.data` writes without bumping the version counter:
-            # autograd saved `full` in an earlier forward and must find it, refilled, in backward.
+            # autograd saved `full` in an earlier forward and must find it refilled in backward.
             for r, block in enumerate(p.full.data.view(-1).split(p.block_numel)):
                 block.copy_(piece[r, :block.numel()])
             p.show(p.full)
@@ -108,7 +113,8 @@ class Unit:
         """Free the whole weights' memory; the module holds its blocks again."""
         if self.is_unsharded:
             for p in self.params:
-                p.full.untyped_storage().resize_(0)  # the tensor stays, for autograd; its bytes go
+                # The tensor stays (autograd holds it); its bytes go.
+                p.full.untyped_storage().resize_(0)
                 p.show(p.shard)
             self.is_unsharded = False
 
@@ -116,9 +122,10 @@ class Unit:
         self.unshard()
         inputs = [t for t in tree_flatten((args, kwargs))[0] if getattr(t, "requires_grad", 0)]
         if inputs and torch.is_grad_enabled():
-            # Gradients reach the unit's inputs last: when all have arrived, its backward is done.
+            # Gradients reach the unit's inputs last: when all have come, its backward is done.
             unit = weakref.ref(self)  # (autograd may hold a hook longer than the model lives)
-            torch.autograd.graph.register_multi_grad_hook(inputs, lambda _: unit().post_backward())
+            hook = torch.autograd.graph.register_multi_grad_hook
+            hook(inputs, lambda _: unit().post_backward())
 
     def _post_forward(self, module, args, output):
         if self.reshard_after_forward:
@@ -159,13 +166,14 @@ class Unit:
 
     @torch.no_grad()
     def reduce_scatter(self, params, grads):
-        """Collective: sum each whole gradient over ranks; return our rows, averaged (DTensors)."""
-        # Laid out as the all_gather's: row r of `flat` holds every parameter's block r, padded.
+        """Collective: sum each whole gradient over ranks; our rows, averaged (as DTensors)."""
+        # Laid out as the all_gather's: row r of `flat` holds every parameter's block r.
         flat = torch.cat([F.pad(g.reshape(len(g), -1), (0, 0, 0, p.rows * self.world_size - len(g)))
                           .view(self.world_size, -1) for p, g in zip(params, grads)], dim=1)
         mine = flat.view(-1) if self.world_size == 1 else flat.new_empty(flat.shape[1])
-        if self.world_size > 1:  # AVG, as stock asks (gloo sums, then divides; DDP scales first)
-            dist.reduce_scatter_tensor(mine, flat.view(-1), op=dist.ReduceOp.AVG, group=self.group)
+        if self.world_size > 1:
+            # AVG, as stock asks (gloo sums, then divides; DDP scales first, then sums).
+            dist.reduce_scatter_tensor(mine, flat.view(-1), dist.ReduceOp.AVG, self.group)
         pieces = mine.split([p.block_numel for p in params])  # our rows, then padding
         return [self.as_dtensor(piece[:p.shard.to_local().numel()].view_as(p.shard.to_local()),
                                 p.full) for p, piece in zip(params, pieces)]

@@ -121,7 +121,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._consolidated = {"state": dict(sorted(state.items())), "param_groups": groups}
 
     def state_dict(self):
-        """The full state as a plain optimizer's state_dict(); consolidate_state_dict() first."""
+        """The full state as a plain optimizer's; call consolidate_state_dict() first."""
         if self._consolidated is None:
             raise UsageError(f"rank {self.rank} holds only its shard of the optimizer state",
                              hint="call optimizer.consolidate_state_dict(to=RANK) on every rank"
@@ -129,7 +129,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return self._consolidated
 
     def load_state_dict(self, state_dict):
-        """Load a full state (this class's or a plain optimizer's); each rank keeps its shard."""
+        """Load a full state (this class's or a plain optimizer's); each rank keeps its part."""
         params = [p for g in self.param_groups for p in g["params"]]
         for group, saved in zip(self.param_groups, state_dict["param_groups"]):
             group.update({k: v for k, v in saved.items() if k != "params"})

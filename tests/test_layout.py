@@ -15,6 +15,7 @@
 import ast
 import subprocess
 import sys
+import tokenize
 
 import pytest
 
@@ -57,6 +58,19 @@ def _minddp_imports(path, root=REPO):
             for alias in node.names:
                 if alias.name.startswith("minddp"):
                     yield alias.name, []
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_a_lesson_breathes(lesson):
+    # A lesson near its size is a sign to move code out, never to compress it: no statements
+    # packed with semicolons, and lines past 95 columns a rare exception.
+    path = PACKAGE / f"{lesson}.py"
+    with path.open() as f:
+        semicolons = [t.start[0] for t in tokenize.generate_tokens(f.readline)
+                      if t.type == tokenize.OP and t.string == ";"]
+    assert not semicolons, f"{lesson}.py: a semicolon on line {semicolons[0]}"
+    wide = [n for n, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 95]
+    assert len(wide) <= 5, f"{lesson}.py: {len(wide)} lines past 95 columns ({wide})"
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
