@@ -127,3 +127,8 @@ def test_importing_minddp_loads_no_torch():
     code = "import sys, minddp, minddp.tools.diff; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_readme_is_an_entry_point():
+    # What it is, set up, run, test, the reading order; the rest lives in docs/.
+    assert len((REPO / "README.md").read_text().splitlines()) <= 200
