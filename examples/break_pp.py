@@ -137,4 +137,5 @@ if __name__ == "__main__":
         group = dist.new_group(list(range(env.world_size)), timeout=timedelta(seconds=args.timeout))
         print_rank(f"    {run(env, args.broken, group)}")
         dist.destroy_process_group(group)
+        del group  # the last reference: its threads end with it, before the teardown's check
         ddp_teardown()
