@@ -77,3 +77,16 @@ def choose_backend(backend, device, local_rank, local_world_size, world_size,
         raise UsageError(f"unknown device {device!r}", hint="choose auto, cpu, cuda or mps",
                          same_on_every_rank=True)
     return "gloo", "cpu"
+
+
+def move_to_device(args, kwargs, device_ids):
+    """The inputs moved to device_ids[0] (stock's forward does this when device_ids is set)."""
+    if not device_ids:
+        return args, kwargs
+    import torch  # (here: choosing a backend, above, runs before torch is imported)
+    from torch.utils._pytree import tree_map
+    device = torch.device("cuda", device_ids[0])
+
+    def move(x):
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+    return tree_map(move, args), tree_map(move, kwargs)

@@ -20,10 +20,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .backends import move_to_device
 from .broadcast import broadcast_buffers, broadcast_parameters, check_same_model
 from .bucket_layout import Bucket, assign_buckets, bucket_size_limits, check_bucketable
+from .grad_hooks import at_end_of_backward, missing_gradients_error, weakly
 from .groups import global_rank
-from .naive import missing_gradients_error, move_to_device, weakly
 from .usage_error import UsageError
 
 
@@ -59,7 +60,8 @@ class BucketedDDP(nn.Module):
         self._sync_this_backward = False  # decided by forward, cleared when backward ends
         self._arrived = set()  # indices of the gradients that came in this backward
         for i, p in enumerate(self._params):
-            p.register_post_accumulate_grad_hook(functools.partial(weakly(self._gradient_ready), i))
+            hook = functools.partial(weakly(self._gradient_ready), i)  # (grad_hooks.py)
+            p.register_post_accumulate_grad_hook(hook)
 
     def _build_buckets(self, layout):
         self.buckets = [Bucket(self._params, indices) for indices in layout]
@@ -112,8 +114,7 @@ class BucketedDDP(nn.Module):
         if not self._sync_this_backward:
             return  # inside no_sync(): the gradient stays in .grad and accumulates
         if not self._arrived:  # the first gradient: at the end of backward, wait for all
-            # (autograd's private queue_callback, as in naive.py: run once backward is over)
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            at_end_of_backward(self._end_of_backward)  # (grad_hooks.py)
         self._arrived.add(index)
         if not self._rebuilt:
             self._arrival_order.append(index)

@@ -24,6 +24,7 @@ from torch.distributed.tensor import DeviceMesh, DTensor, Shard
 from torch.utils._pytree import tree_flatten
 
 from .fsdp_param import Param, attach_unit, unit_of
+from .grad_hooks import at_end_of_backward
 from .groups import global_rank
 
 
@@ -143,7 +144,7 @@ class Unit:
             self.unshard()  # gathered again: the weights were freed after forward
             if not self.root._callback_queued:  # once per backward: after autograd's last node
                 self.root._callback_queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(self.root._end_of_backward)
+                at_end_of_backward(self.root._end_of_backward)  # (grad_hooks.py)
         return grad
 
     def post_backward(self):

@@ -17,15 +17,15 @@ equal stock's bit for bit at 1 and 2 ranks; at 3+ the additions may run in anoth
 """
 
 import contextlib
-import weakref
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._pytree import tree_map
 
-from .usage_error import UsageError
+from .backends import move_to_device
 from .broadcast import broadcast_buffers, broadcast_parameters, check_same_model
+from .grad_hooks import at_end_of_backward, missing_gradients_error, weakly
+from .usage_error import UsageError
 
 
 class NaiveDDP(nn.Module):
@@ -35,10 +35,7 @@ class NaiveDDP(nn.Module):
 
     def __init__(self, module, device_ids=None, broadcast_buffers=True, init_sync=True,
                  process_group=None):
-        """Wrap `module`; rank 0's weights are copied to every rank. Stock's argument names.
-
-        device_ids=[i]: the module lives on cuda:i, and forward moves its inputs there.
-        """
+        """Wrap `module`, rank 0's weights copied to every rank (stock's argument names)."""
         super().__init__()
         self.device_ids = device_ids
         self.module = module  # stock's name: state_dict keys read "module.<name>" in both
@@ -81,7 +78,7 @@ class NaiveDDP(nn.Module):
             # Decided at forward time, as stock does: a forward inside no_sync() gives a
             # backward that stays local, even if backward() runs after the block.
             self._sync_this_backward = synced
-        args, kwargs = move_to_device(args, kwargs, self.device_ids)  # device_ids=[i]: to cuda:i
+        args, kwargs = move_to_device(args, kwargs, self.device_ids)  # [i]: the inputs to cuda:i
         output = self.module(*args, **kwargs)
         self.require_forward_param_sync = synced  # eval and no_sync forwards: next one skips
         return output
@@ -92,56 +89,22 @@ class NaiveDDP(nn.Module):
         if not self._sync_this_backward:
             return  # inside no_sync(): the gradient just stays in .grad and accumulates
         if not self._arrived:  # the first gradient: check at the end that all of them came
-            # queue_callback (private, but stock DDP's Python side and FSDP use it too): the
-            # autograd engine calls the function once, when this whole backward has finished.
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            at_end_of_backward(self._end_of_backward)  # (grad_hooks.py)
         self._arrived.add(id(param))
         grad = param.grad
+        if grad.is_sparse:  # an embedding's rows, sent alone: ManualDDP's, not this lesson's
+            raise UsageError("a sparse gradient (nn.Embedding(sparse=True)): NaiveDDP averages"
+                             " dense ones", hint="ManualDDP sends each sparse gradient alone")
         # Divide *before* summing, as stock does: the sum that comes back is already the
         # mean, and no rank ever holds a world_size-times-larger sum (fp16 would overflow).
-        if grad.is_sparse:  # an embedding's sparse gradient: stock divides, not multiplies
-            grad.div_(self.world_size)
-        else:
-            grad.mul_(1.0 / self.world_size)
+        grad.mul_(1.0 / self.world_size)
         if self.world_size > 1:
             # Blocking, and safe: autograd walks the same graph in the same order on every
             # rank, so the ranks' all_reduces pair up parameter by parameter.
             dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.process_group)
-        if grad.is_sparse and not grad.is_coalesced():
-            param.grad = grad.coalesce()  # as gloo's sparse all_reduce returns it
 
     def _end_of_backward(self):
         arrived, self._arrived, self._sync_this_backward = self._arrived, set(), False
         missing = [n for n, p in zip(self._names, self._params) if id(p) not in arrived]
         if missing:  # its peers averaged it and this rank did not: the replicas would part
             raise missing_gradients_error(missing)
-
-
-def weakly(method):
-    """`method`, holding its object weakly: a hook that does nothing once the wrapper is gone.
-
-    A parameter holds its hooks. A hook holding the wrapper strongly closes a cycle (parameter
-    -> hook -> wrapper -> module -> parameter) through the tensor's C++ side, where Python's
-    garbage collector cannot see it: the wrapper, and the process group it holds, never go.
-    """
-    ref = weakref.WeakMethod(method)
-    return lambda *args: None if ref() is None else ref()(*args)
-
-
-def move_to_device(args, kwargs, device_ids):
-    """The inputs moved to device_ids[0] (stock's forward does this when device_ids is set)."""
-    if not device_ids:
-        return args, kwargs
-    device = torch.device("cuda", device_ids[0])
-    move = lambda x: x.to(device) if isinstance(x, torch.Tensor) else x  # noqa: E731
-    return tree_map(move, args), tree_map(move, kwargs)
-
-
-def missing_gradients_error(missing):
-    """The error for parameters that require grad but got none in a synced backward."""
-    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-    return UsageError(f"parameter {missing[0]!r} requires grad but got no gradient in this"
-                      f" backward{more}",
-                      hint="use it in forward so it reaches the loss, or freeze it with"
-                           " requires_grad_(False) before wrapping the model (or pass"
-                           " find_unused_parameters=True to ManualDDP, as to stock DDP)")

@@ -28,9 +28,10 @@ FOLDERS = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "
 
 
 def test_the_top_level_is_the_lessons():
-    assert set(LESSONS) == {"usage_error", "launch", "backends", "groups", "sampler",
-                            "broadcast", "naive", "bucket_layout", "bucketed", "zero", "fsdp",
-                            "fsdp_param", "tp", "tp_plan", "sp", "pp", "elastic"}
+    assert set(LESSONS) == {"usage_error", "launch", "backends", "groups", "grad_hooks",
+                            "sampler", "broadcast", "naive", "bucket_layout", "bucketed",
+                            "zero", "fsdp", "fsdp_param", "tp", "tp_plan", "sp", "pp",
+                            "elastic"}
     assert FOLDERS == ["bench", "dropin", "run", "tools"]
     for folder in FOLDERS:  # each opens with a paragraph saying what it holds and for whom
         doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text()))
@@ -132,3 +133,7 @@ def test_importing_minddp_loads_no_torch():
 def test_the_readme_is_an_entry_point():
     # What it is, set up, run, test, the reading order; the rest lives in docs/.
     assert len((REPO / "README.md").read_text().splitlines()) <= 200
+
+
+def test_the_naive_lesson_fits_one_screen():
+    assert len((PACKAGE / "naive.py").read_text().splitlines()) <= 110  # README: one screen
