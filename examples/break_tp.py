@@ -38,6 +38,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import parallel as stock_tp
 
 import minddp.tp as minddp_tp
+import minddp.tp_ops as tp_ops
 from minddp import GradTable, ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0
 
 
@@ -55,8 +56,8 @@ def broken_forward(style, module, x, group):
     """RowwiseParallel's forward, with the bias added the broken ways."""
     partial = F.linear(x, module.weight)
     if broken == "bias-every-rank":  # every rank adds all of it: the sum holds it W times
-        return minddp_tp.sum_over_ranks(partial + module.bias, group)
-    return minddp_tp.sum_over_ranks(partial, group) + module.bias  # "bias-after"
+        return tp_ops.sum_over_ranks(partial + module.bias, group)
+    return tp_ops.sum_over_ranks(partial, group) + module.bias  # "bias-after"
 
 
 def run(env, mesh, steps=3):
@@ -120,15 +121,15 @@ if __name__ == "__main__":
     with exit_on_failure(), exit_on_usage_error():
         env = ddp_setup("gloo", "cpu")
         mesh = init_device_mesh("cpu", (env.world_size,))
-        saved = dict(vars(minddp_tp.RowwiseParallel)), dict(vars(minddp_tp._CopyToRanks))
+        saved = dict(vars(minddp_tp.RowwiseParallel)), dict(vars(tp_ops._CopyToRanks))
         for broken in (BREAKS if args.broken == "all" else [args.broken]):
             if broken in ("bias-every-rank", "bias-after"):
                 minddp_tp.RowwiseParallel._forward = broken_forward
             if broken == "no-input-allreduce":
-                minddp_tp._CopyToRanks.backward = staticmethod(lambda ctx, grad: (grad, None))
+                tp_ops._CopyToRanks.backward = staticmethod(lambda ctx, grad: (grad, None))
             print0(f"--break {broken}: {BREAKS[broken]}")
             print0(f"    {run(env, mesh)}")
             minddp_tp.RowwiseParallel._forward = saved[0]["_forward"]  # unbroken again
-            minddp_tp._CopyToRanks.backward = saved[1]["backward"]
+            tp_ops._CopyToRanks.backward = saved[1]["backward"]
         del mesh
         ddp_teardown()

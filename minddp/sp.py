@@ -2,7 +2,8 @@
 
     pytest tests/test_tp.py              # the block with sequence parallel, bitwise vs stock
 
-Read tp.py first. Between a row split and the next column split, tensor parallelism keeps the
+Read tp.py first (and tp_ops.py, whose gather and scatter along the sequence this file
+uses). Between a row split and the next column split, tensor parallelism keeps the
 activations whole on every rank: the LayerNorms, dropouts and residual adds there run
 world_size times on the same numbers, and every rank stores them all. Sequence parallelism
 (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models") gives
@@ -20,55 +21,11 @@ desired_input_layouts=Replicate()) on a module whose inputs must be whole, and
 RowwiseParallel(output_layouts=Shard(1)) (tp.py).
 """
 
-import torch
 import torch.distributed as dist
 
-from .usage_error import UsageError
+from .tp_ops import COLLECTIVES, gather_sequence, sequence_dim
 from .tp_plan import refuse_prepare
-
-
-class _Sequence(torch.autograd.Function):
-    """Gather: every rank's slice of dim `dim` -> the whole; backward, the mirror image:
-    reduce_scatter (each rank's gradient of the whole is its part of a sum). And back."""
-
-    @staticmethod
-    def forward(ctx, x, dim, group, gather):
-        ctx.dim, ctx.group, ctx.gather = dim, group, gather
-        return _gather(x, dim, group) if gather else _reduce_scatter(x, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        flip = _reduce_scatter if ctx.gather else _gather
-        return flip(grad, ctx.dim, ctx.group), None, None, None
-
-
-def gather_sequence(x, dim=1, group=None):
-    """Collective: the whole sequence from every rank's slice (backward: reduce_scatter)."""
-    return _Sequence.apply(x, dim, group, True)
-
-
-def scatter_sequence(x, dim=1, group=None):
-    """Collective: sum the ranks' partial outputs, keep this rank's slice (backward: gather)."""
-    return _Sequence.apply(x, dim, group, False)
-
-
-def _gather(x, dim, group):
-    # The collectives cut along dim 0: move the sequence there, and back afterwards.
-    x = x.movedim(dim, 0).contiguous()
-    whole = x.new_empty(dist.get_world_size(group) * x.shape[0], *x.shape[1:])
-    # all_gather_into_tensor: torch 2.13 also calls it all_gather_single; this name runs on
-    # every torch minddp supports.
-    dist.all_gather_into_tensor(whole, x, group=group)
-    # Back in the usual layout: the Linears after it would each copy a strided input
-    # (and save the copy for backward), q, k and v three times over.
-    return whole.movedim(0, dim).contiguous()
-
-
-def _reduce_scatter(x, dim, group):
-    x = x.movedim(dim, 0).contiguous()
-    mine = x.new_empty(x.shape[0] // dist.get_world_size(group), *x.shape[1:])
-    dist.reduce_scatter_tensor(mine, x, op=dist.ReduceOp.SUM, group=group)  # (as above)
-    return mine.movedim(0, dim).contiguous()
+from .usage_error import UsageError
 
 
 class SequenceParallel:
@@ -133,9 +90,6 @@ class PrepareModuleInput:
         return sources == {"gathered"}
 
 
-COLLECTIVES = {_Sequence}  # tp.py adds its own: what ends a gathered input's reach
-
-
 def autograd_sources(x, nodes):
     """Where x's gradient flows: into `nodes` ("gathered"), elsewhere ("other"), or both.
 
@@ -159,9 +113,3 @@ def autograd_sources(x, nodes):
         else:
             stack.extend(f for f, _ in fn.next_functions)
     return found
-
-
-def sequence_dim(layouts):
-    """The sequence dimension a layout cuts (stock's Shard(d): d), or None (Replicate())."""
-    layout = layouts[0] if isinstance(layouts, (tuple, list)) else layouts
-    return getattr(layout, "dim", None)

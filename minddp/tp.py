@@ -13,17 +13,15 @@ y = x W^T + b, pair up:
   row      W's columns (input features) cut the same way: each rank multiplies its slice of
            the input, and one all_reduce sums the partial outputs into the whole output.
 Column then row (an MLP's two layers, attention's q/k/v then its output projection) costs one
-all_reduce in forward, and its mirror image in backward. Two operators carry them (Megatron's
-f and g), each an autograd Function whose backward is the other's forward:
-  copy_to_ranks   forward: identity     backward: all_reduce  (before a column split: each
-                  rank's input gradient holds only its slice's part)
-  sum_over_ranks  forward: all_reduce   backward: identity    (after a row split)
+all_reduce in forward, and its mirror image in backward: tp_ops.py's copy_to_ranks before a
+column split (its backward sums the input's gradient), sum_over_ranks after a row split.
 Attention splits by heads: with q, k and v column-split, each rank holds whole heads, and
 the model's `view(B, T, -1, head_dim)` finds heads / world_size of them.
 
-The API is stock's: `parallelize_module(model, mesh, {"mlp.up": ColwiseParallel(),
-"mlp.down": RowwiseParallel()})` (tp_plan.py reads the plan); every rank's weights,
-gradients and outputs equal `torch.distributed.tensor.parallel`'s bit for bit.
+In the order below: the two splits (stock's ColwiseParallel and RowwiseParallel), each
+keeping its slice of rank 0's weight (keep_slice), then parallelize_module(model, mesh,
+{"mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}), stock's API (tp_plan.py
+reads the plan). Every rank's weights, gradients and outputs equal stock's bit for bit.
 """
 
 import torch
@@ -32,65 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .groups import global_rank
-from .sp import COLLECTIVES, gather_sequence, scatter_sequence, sequence_dim
+from .tp_ops import (ShareOfBias, copy_to_ranks, gather_sequence, scatter_sequence,
+                     sequence_dim, sum_over_ranks)
 from .tp_plan import SLICES, check_plan, check_split, refuse_layouts, region_of, resolve_plan
-
-
-class _CopyToRanks(torch.autograd.Function):
-    """f: the whole input goes on as it is; backward sums the ranks' input gradients."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()  # (autograd may hand the same tensor elsewhere: reduce a copy)
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class _SumOverRanks(torch.autograd.Function):
-    """g: the partial outputs summed over ranks; the gradient of a sum reaches each part whole."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        x = x.clone()
-        dist.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-class _ShareOfBias(torch.autograd.Function):
-    """The bias of a row split, divided by world_size: each rank adds its share before the sum.
-
-    Not the whole bias after the all_reduce, as the textbook adds it: stock splits a replicated
-    tensor evenly among partial sums (DTensor's rule), which rounds otherwise (break_tp.py
-    --break bias-after). The gradient is the whole bias's, on every rank, as stock's.
-    """
-
-    @staticmethod
-    def forward(ctx, bias, world_size):
-        return bias / world_size
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-COLLECTIVES.update({_CopyToRanks, _SumOverRanks})  # (sp.py: a gathered input's reach)
-
-
-def copy_to_ranks(x, group=None):
-    return _CopyToRanks.apply(x, group)
-
-
-def sum_over_ranks(x, group=None):
-    return _SumOverRanks.apply(x, group)
 
 
 class ColwiseParallel:
@@ -141,7 +83,7 @@ class RowwiseParallel:
         module.forward = lambda x: self._forward(module, x, group)
 
     def _forward(self, module, x, group):
-        share = None if module.bias is None else _ShareOfBias.apply(module.bias,
+        share = None if module.bias is None else ShareOfBias.apply(module.bias,
                                                                     dist.get_world_size(group))
         partial = F.linear(x, module.weight, share)
         if self.sequence_dim is not None:

@@ -235,7 +235,7 @@ def _single_style(rank, world_size):
 
 def _textbook_bias(rank, world_size):
     """The row split's bias added once, after the all_reduce: how far from stock's output?"""
-    from minddp.tp import copy_to_ranks, sum_over_ranks
+    from minddp.tp_ops import copy_to_ranks, sum_over_ranks
     torch.manual_seed(0)
     base = MLP()
     stock = copy.deepcopy(base)
