@@ -18,6 +18,10 @@ def test_bench_reports_every_contender_as_a_ratio_to_stock():
     result = run([sys.executable, "-m", "minddp", "bench", "--sizes", "0.3M", "--world-sizes", "2",
                   "--rounds", "2", "--warmup", "1"])
     assert result.returncode == 0, result.stderr[-3000:]
+    # Progress on stderr: what will run, then each case as it is done; stdout: the table.
+    said = [line for line in result.stderr.splitlines() if line.startswith("minddp bench: ")]
+    assert said[0].startswith("minddp bench: 0.3M at 2 rank(s), 2 round(s) of 1 step(s)"), said
+    assert re.fullmatch(r"minddp bench:   0.3M at 2 rank\(s\): done in [\d.]+ s", said[1]), said
     lines = result.stdout.splitlines()
     columns = [len(c) for c in lines[2].split()]  # tabulate's dashes give each column's width
     starts = [sum(columns[:i]) + 2 * i for i in range(len(columns))]

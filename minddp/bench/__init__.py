@@ -36,6 +36,7 @@ def at_least(low):
 def bench_parser(doc, prog, default_world_sizes):
     """The flags every benchmark shares (parse with .parse_args(): a typo names the nearest)."""
     parser = ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    parser.set_defaults(prog=prog)  # progress lines name the benchmark (harness.say)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--world-sizes", nargs="+", type=at_least(1), default=default_world_sizes,
                         help="started here, one after another (ignored under torchrun)")

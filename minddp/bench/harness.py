@@ -14,6 +14,7 @@ import contextlib
 import os
 import platform
 import random
+import sys
 import tempfile
 import time
 
@@ -86,7 +87,19 @@ def run_rank(rank, world_size, args, store_file, work):
     else:
         dist.init_process_group(args.backend, init_method=f"file://{store_file}",
                                 rank=rank, world_size=world_size)
-    return [row for size in args.sizes for row in work(size, args, rank, world_size, device)]
+    rows = []
+    for size in args.sizes:
+        start = time.perf_counter()
+        rows += work(size, args, rank, world_size, device)
+        if rank == 0:  # progress on stderr: stdout keeps the tables
+            say(args, f"  {size} at {world_size} rank(s): done in"
+                      f" {time.perf_counter() - start:.1f} s")
+    return rows
+
+
+def say(args, line):
+    """One progress line on stderr, named after the benchmark that prints it."""
+    print(f"{getattr(args, 'prog', 'minddp')}: {line}", file=sys.stderr, flush=True)
 
 
 def _spawned(rank, world_size, args, store_file, out_file, work):
@@ -102,8 +115,15 @@ def collect_rows(args, work):
         rows = run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, None, work)
         ddp_teardown()
         return rows if int(os.environ["RANK"]) == 0 else None
-    rows = []
-    for world_size in args.world_sizes:
+    say(args, f"{', '.join(args.sizes)} at {', '.join(map(str, args.world_sizes))} rank(s),"
+              f" {args.rounds} round(s) of {args.steps} step(s) per contender: one spawn per"
+              f" world size, a line here as each case is done")
+    rows, start = [], time.perf_counter()
+    for done, world_size in enumerate(args.world_sizes):
+        if done:  # what is left, guessed from what took how long so far
+            spent = time.perf_counter() - start
+            left = spent / done * (len(args.world_sizes) - done)
+            say(args, f"{spent:.0f} s so far; about {left:.0f} s left")
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "rows.pt")
             store = os.path.join(tmp, "store")
