@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from .usage_error import UsageError
 from .groups import global_rank
+from .zero_state import consolidated, this_ranks_part
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
@@ -47,7 +48,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)  # self.param_groups: every parameter, every rank
         _check_same_parameters(self.param_groups, process_group)
         # This rank's optimizer sees only this rank's shard: its state is the shard's.
-        self.optim = optimizer_cls(self._partition[self.rank], **defaults)
+        self.optim = optimizer_cls(self.partition[self.rank], **defaults)
 
     def _shards(self):
         """Per rank, its param groups: ZeroRedundancyOptimizer's sorted-greedy partition.
@@ -70,9 +71,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
         self._sharded = {p for g in self.param_groups for p in g["params"]}
-        self._partition = self._shards()  # computed once per group added, not every step
+        self.partition = self._shards()  # per rank, its param groups; once per group added
         if self.optim is not None:  # after construction: the new group's shard, here
-            self.optim.add_param_group(self._partition[self.rank][-1])
+            self.optim.add_param_group(self.partition[self.rank][-1])
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -86,7 +87,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                              f" joined the groups after the optimizer was built",
                              hint="add parameters with add_param_group(), which gives them a shard",
                              same_on_every_rank=True)
-        shards = self._partition
+        shards = self.partition
         for mine, local in zip(self.param_groups, self.optim.param_groups):
             # Hyperparameters live in our groups (an LR scheduler writes them there).
             local.update({k: v for k, v in mine.items() if k != "params"})
@@ -104,21 +105,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def consolidate_state_dict(self, to=0):
         """Collective: call on every rank. Gathers the full optimizer state on rank `to`."""
-        gathered = [None] * self.world_size if self.rank == to else None
-        dst = global_rank(self.process_group, to)  # dst= takes a global rank
-        dist.gather_object(self.optim.state_dict(), gathered, dst=dst, group=self.process_group)
-        if self.rank != to:
-            self._consolidated = None
-            return
-        index = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
-        state = {}
-        for rank, local in enumerate(gathered):
-            local_params = [p for group in self._partition[rank] for p in group["params"]]
-            for local_index, value in local["state"].items():
-                state[index[local_params[local_index]]] = value
-        groups = [{**{k: v for k, v in g.items() if k != "params"},
-                   "params": [index[p] for p in g["params"]]} for g in self.param_groups]
-        self._consolidated = {"state": dict(sorted(state.items())), "param_groups": groups}
+        self._consolidated = consolidated(self, to)  # (zero_state.py: the plumbing)
 
     def state_dict(self):
         """The full state as a plain optimizer's; call consolidate_state_dict() first."""
@@ -130,17 +117,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """Load a full state (this class's or a plain optimizer's); each rank keeps its part."""
-        params = [p for g in self.param_groups for p in g["params"]]
-        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
-            group.update({k: v for k, v in saved.items() if k != "params"})
-        local_params = [p for g in self.optim.param_groups for p in g["params"]]
-        local_index = {p: i for i, p in enumerate(local_params)}
-        state = {local_index[params[i]]: value for i, value in state_dict["state"].items()
-                 if params[i] in local_index}
-        groups = [{**{k: v for k, v in g.items() if k != "params"},
-                   "params": [local_index[p] for p in g["params"]]}
-                  for g in self.optim.param_groups]
-        self.optim.load_state_dict({"state": state, "param_groups": groups})
+        self.optim.load_state_dict(this_ranks_part(self, state_dict))
         self._consolidated = None
 
 

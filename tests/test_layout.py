@@ -30,7 +30,7 @@ FOLDERS = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "
 def test_the_top_level_is_the_lessons():
     assert set(LESSONS) == {"usage_error", "launch", "backends", "groups", "grad_hooks",
                             "sampler", "broadcast", "naive", "bucket_layout", "bucketed",
-                            "zero", "fsdp", "fsdp_param", "tp_ops", "tp", "tp_plan", "sp", "pp",
+                            "zero", "zero_state", "fsdp", "fsdp_param", "tp_ops", "tp", "tp_plan", "sp", "pp",
                             "elastic"}
     assert FOLDERS == ["bench", "dropin", "run", "tools"]
     for folder in FOLDERS:  # each opens with a paragraph saying what it holds and for whom
