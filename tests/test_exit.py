@@ -15,12 +15,13 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers import HANG_S, REPO, Hang, run, run_ranks, tagged_pids, torchrun
+from helpers import HANG_S, REPO, Hang, kill_tagged, run, run_ranks, tagged_pids, torchrun
 from minddp import GradTable, ManualDDP, ddp_teardown
 from minddp.launch import group_threads
 
@@ -178,3 +179,33 @@ def test_version_names_minddp_and_torch_without_importing_torch():
     assert re.fullmatch(r"minddp \S+, torch \S+\n", result.stdout), result.stdout
     # importtime's lines name every module imported, one a line: torch is not among them
     assert not re.search(r"\|\s+torch$", result.stderr, re.M)
+
+
+def test_ctrl_c_in_a_benchmark_is_one_line_and_leaves_no_rank(tmp_path):
+    # Ctrl-C as a terminal sends it, to the whole process group: the launcher and its
+    # spawned ranks. Pressed again each second until the run ends (a press that lands while
+    # the ranks are being started is ignored there, as the ranks ignore it throughout).
+    err = tmp_path / "err"
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
+               MINDDP_TEST_TAG=tag)
+    with open(err, "w") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "minddp", "bench", "--sizes", "0.3M",
+                                 "--world-sizes", "2", "--rounds", "100000"], cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=e, env=env,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + HANG_S  # a bound against a hang, not a speed
+            while "one spawn per world size" not in err.read_text():
+                assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
+                time.sleep(0.1)
+            while proc.poll() is None and time.monotonic() < deadline:
+                os.killpg(proc.pid, signal.SIGINT)
+                time.sleep(1)
+            assert proc.wait(timeout=HANG_S) == 130
+            time.sleep(1)
+            assert tagged_pids(tag) == []  # every rank ended with it
+        finally:
+            kill_tagged(tag)
+    text = err.read_text()
+    assert text.endswith("[rank0] interrupted\n") and "Traceback" not in text, text

@@ -14,6 +14,7 @@ import contextlib
 import os
 import platform
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from tabulate import tabulate
 
 from ..launch import ddp_teardown
+from ..run.errors import interrupted
 
 # The collectives' names (torch 2.13 and older), and per byte passed, bytes a rank sends on a
 # ring, in units of (W-1)/W.
@@ -127,10 +129,32 @@ def collect_rows(args, work):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "rows.pt")
             store = os.path.join(tmp, "store")
-            mp.start_processes(_spawned, args=(world_size, args, store, out, work),
-                               nprocs=world_size, start_method="spawn")
+            spawn(_spawned, (world_size, args, store, out, work), world_size)
             rows += torch.load(out, weights_only=False)
     return rows
+
+
+def spawn(fn, args, nprocs):
+    """mp.start_processes(fn, args, nprocs), spawned; Ctrl-C ends them all with one line."""
+    # The ranks start with SIGINT ignored (an ignored signal stays so across exec): Ctrl-C in
+    # the middle of their torch import prints no traceback per rank. This process ends them.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        context = mp.start_processes(fn, args=args, nprocs=nprocs, start_method="spawn",
+                                     join=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+    def stop(signum, frame):
+        for process in context.processes:
+            process.kill()
+        interrupted(signum, frame)  # one line, exit 130
+    signal.signal(signal.SIGINT, stop)
+    try:
+        while not context.join():
+            pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def machine(args):

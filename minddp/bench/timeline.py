@@ -49,7 +49,6 @@ import tempfile  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ..bucketed import BucketedDDP  # noqa: E402
@@ -60,7 +59,7 @@ from ..tools.overlap import overlap, text_timeline  # noqa: E402
 from ..tools.pictures import draw_timeline  # noqa: E402
 from ..tools.timeline import (read_chrome_trace, record_timeline,  # noqa: E402,F401
                               write_chrome_trace)
-from .harness import mlp  # noqa: E402
+from .harness import mlp, spawn  # noqa: E402
 
 
 def _run_rank(rank, world_size, args, store_file, out_file):
@@ -118,8 +117,7 @@ def main(args):
             return _draw_trace(args)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results.pt")
-        mp.start_processes(_run_rank, args=(args.world_size, args, os.path.join(tmp, "store"), out),
-                           nprocs=args.world_size, start_method="spawn")
+        spawn(_run_rank, (args.world_size, args, os.path.join(tmp, "store"), out), args.world_size)
         results = torch.load(out, weights_only=False)
     print(f"torch {torch.__version__} | {args.size} MLP | {args.world_size} gloo rank(s) |"
           f" {os.cpu_count()} CPUs | = backward computing, B blocked, O optimizer step,"

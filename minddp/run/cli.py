@@ -13,10 +13,12 @@ import argparse
 import difflib
 import importlib.metadata
 import os
+import signal
 import tempfile
+import threading
 
 from ..usage_error import UsageError
-from .errors import exit_on_usage_error
+from .errors import exit_on_usage_error, interrupted
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -33,6 +35,10 @@ class ArgumentParser(argparse.ArgumentParser):
         return parsed
 
     def parse_known_args(self, args=None, namespace=None):
+        if threading.current_thread() is threading.main_thread():
+            # Ctrl-C from here on, during torch's import too: one line and status 130, not a
+            # traceback (run/errors.py; exit_on_failure keeps it while training)
+            signal.signal(signal.SIGINT, interrupted)
         refusal = torch_too_old()
         if refusal:  # every rank stops; rank 0 says why, once
             self.exit(2, refusal if os.environ.get("RANK", "0") == "0" else None)

@@ -69,7 +69,7 @@ def exit_on_failure():
     # main thread happens to be can land in a __del__ or a callback, where Python prints
     # "Exception ignored" and goes on training.
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, _interrupted) if main else None
+    previous = signal.signal(signal.SIGINT, interrupted) if main else None
     try:
         yield
     except UsageError:
@@ -89,7 +89,8 @@ def exit_on_failure():
             signal.signal(signal.SIGINT, previous)
 
 
-def _interrupted(signum, frame):
+def interrupted(signum, frame):
+    """SIGINT's handler: one line, `[rankN] interrupted`, and exit 130 at once."""
     print(f"[rank{os.environ.get('RANK', '0')}] interrupted", file=sys.stderr, flush=True)
     _hard_exit(EXIT_INTERRUPTED)
 
