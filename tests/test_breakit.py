@@ -175,6 +175,7 @@ def test_tp_breaks_show_their_damage(tmp_path):
     # The diff tool, given the textbook's gradient tables and stock's, names the cause.
     verdict = diff(tmp_path / "btp-bias-after-minddp.txt", tmp_path / "btp-bias-after-stock.txt")
     assert verdict.returncode == 1 and "different summation order" in verdict.stdout, verdict.stdout
+    assert "a bias added after a sum" in verdict.stdout and "NaiveDDP" not in verdict.stdout  # 2 ranks
     verdict = diff(tmp_path / "btp-none-minddp.txt", tmp_path / "btp-none-stock.txt")
     assert verdict.returncode == 0 and "IDENTICAL" in verdict.stdout, verdict.stdout
 
@@ -192,6 +193,8 @@ def test_pp_breaks_show_their_damage(tmp_path):
         assert "gradients 4.000x stock's" in result.stdout
     verdict = diff(tmp_path / "b-minddp.txt", tmp_path / "b-stock.txt")
     assert verdict.returncode == 1 and "4.000x" in verdict.stdout, verdict.stdout
+    # (each stage's rows hold NaN for the other stage's weights: the gap is still a number)
+    assert re.search(r"by [\d.]+ rounding units", verdict.stdout), verdict.stdout
     result = torchrun(2, script, "--break", "deadlock", "--timeout", "2")
     assert result.returncode != 0
     # Both stages time out at about the same moment; torchrun stops the other worker as soon

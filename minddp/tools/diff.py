@@ -71,8 +71,10 @@ def compare(meta_a, grads_a, meta_b, grads_b, atol=None, rtol=None):
             first = f"step {step} rank {rank}"
             # The gap at the first differing step, in rounding units of that step's largest
             # element: rounding in a sum shows up at the scale of its largest term.
-            unit = np.finfo(a.dtype).eps * max(float(np.max(scale[step])), np.finfo(a.dtype).tiny)
-            gap = float(np.max(diff[step])) / unit
+            # (nanmax: a pipeline stage's table holds NaN for the other stages' weights)
+            largest = np.nanmax(scale[step], initial=0.0)
+            unit = np.finfo(a.dtype).eps * max(float(largest), np.finfo(a.dtype).tiny)
+            gap = float(np.nanmax(diff[step], initial=0.0)) / unit
             if onset is None or step < onset[0]:
                 onset = (int(step), gap)
             elif step == onset[0]:
@@ -174,9 +176,12 @@ def main(argv=None):
     elif gap <= 16:
         # A wrong average is off by a factor, millions of ulps; reordered sums by one or two.
         # Later steps train on slightly different weights, so the gap then grows.
-        print(": the size of a different summation order, not of a wrong gradient (e.g. 3+ ranks"
-              " with NaiveDDP: one all_reduce per parameter adds in another order"
-              " than stock's flat buckets); later steps inherit it through the weights")
+        example = ("e.g. NaiveDDP's one all_reduce per parameter adds 3+ ranks' gradients in"
+                   " another order than stock's flat buckets" if meta_a["world_size"] >= 3 else
+                   "with 1 or 2 ranks a reduction has one order, so the order differs in the"
+                   " computation, e.g. a bias added after a sum instead of before")
+        print(f": the size of a different summation order, not of a wrong gradient ({example});"
+              f" later steps inherit it through the weights")
     else:
         print(": more than rounding, so the runs compute different gradients")
         factor = constant_factor(grads_a, grads_b, step)
