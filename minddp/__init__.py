@@ -4,8 +4,8 @@
     torchrun --nproc_per_node=2 examples/manual_ddp.py
     minddp --help                         # every tool: diff, timeline, bench, ...
 
-The files at this level are the lessons, each read top to bottom (README.md gives the
-order). Around them, four folders, each for one kind of reader:
+The files at this level are the lessons, each read top to bottom (`minddp lessons` gives
+the order). Around them, four folders, each for one kind of reader:
     dropin/  stock's whole contract on top of the lessons, for real training code
     tools/   instruments: gradient tables, the diff, replicas, the timeline, pictures
     bench/   what each lesson costs, measured beside stock

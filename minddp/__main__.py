@@ -14,6 +14,7 @@ import runpy
 import sys
 
 COMMANDS = {  # subcommand: (module, what it does)
+    "lessons": ("minddp.tools.course", "the reading order: each file's size and idea"),
     "diff": ("minddp.tools.diff", "compare two gradient tables, element by element"),
     "timeline": ("minddp.bench.timeline", "when backward computes and each all-reduce runs"),
     "bench": ("minddp.bench.ddp", "step time: naive, bucketed and stock DDP, as ratios"),

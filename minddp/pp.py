@@ -1,5 +1,4 @@
-"""Pipeline parallelism by hand: each rank holds a stage (a slice of the layers), and
-microbatches flow through the stages, forward and then back.
+"""Pipeline parallelism by hand: each rank a stage of the layers, microbatches flowing through.
 
     torchrun --nproc_per_node=2 examples/pipeline.py --pp manual --schedule 1f1b
     pytest tests/test_pp.py     # losses, gradients, weights, order: stock's, at 2 and 4 stages

@@ -34,14 +34,19 @@ COLLECTIVES = {"NaiveDDP", "BucketedDDP", "ManualDDP", "broadcast_parameters", "
 
 def test_readme_sizes_are_the_files_sizes():
     readme = (REPO / "README.md").read_text()
-    rows = re.findall(r"^\| \d+ \| `([^`]+)` \| (\d+) \|", readme, re.M)
-    assert len(rows) >= 15
-    named = [path for path, _ in rows]
-    assert len(named) == len(set(named)), "the reading order names a file twice"
-    for path, lines in rows:
+    for path, lines in re.findall(r"`(minddp/[\w/]+\.py)` \((\d+)", readme):  # the folders
         assert len((REPO / path).read_text().splitlines()) == int(lines), path
-    for path, lines in re.findall(r"`(minddp/[\w/]+\.py)` \((\d+)", readme):  # the rest
-        assert len((REPO / path).read_text().splitlines()) == int(lines), path
+
+
+def test_the_reading_order_is_made_from_the_files():
+    # docs/course.md's table is what `minddp lessons` makes: every size and idea the files'.
+    from minddp.tools.course import ORDER, in_doc, table
+    assert in_doc((REPO / "docs" / "course.md").read_text()) == table()
+    assert len(ORDER) == len(set(ORDER)), "the reading order names a file twice"
+    lessons = {f"minddp/{p.name}" for p in (REPO / "minddp").glob("*.py")
+               if not p.name.startswith("__")}
+    assert lessons <= set(ORDER), f"lessons missing from the reading order: {lessons - set(ORDER)}"
+    assert set(ORDER) - lessons <= {f"examples/{p.name}" for p in (REPO / "examples").glob("*.py")}
 
 
 @pytest.mark.parametrize("name", minddp.__all__)

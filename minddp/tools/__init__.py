@@ -10,6 +10,7 @@ For anyone checking a lesson's claim ("bit for bit equal to stock") or looking i
     pictures.py       the timeline and memory pictures (PNG, matplotlib)
     bubble.py         the pipeline's bubble: each stage's forwards, backwards, waits (PNG)
     whole_tensors.py  a sharded model's whole weights and gradients (FSDP), to save and compare
-They reach the lessons only from outside (hooks registered after the wrapper's, attributes
-the wrapper left behind), so recording changes no number.
+    course.py         `minddp lessons`: the reading order, each file's size and idea
+They reach the lessons only from outside (hooks registered after the wrapper's, and the calls
+a lesson names for it: tp_plan.sliced, fsdp_param.unit_of), so recording changes no number.
 """

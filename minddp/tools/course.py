@@ -1,0 +1,73 @@
+"""The reading order: the course's files in the order to read them, with each one's size and idea.
+
+    minddp lessons                            # the table, in markdown
+    minddp lessons --check docs/course.md     # exit 1 if the doc's table is not the files'
+
+Only the order is written here. A row's idea is its file's own first docstring line and its
+size the file's line count, so the table cannot drift from the code, and a new lesson adds
+one name below, not a paragraph to the README.
+"""
+
+import argparse
+import ast
+import pathlib
+import sys
+
+ORDER = [
+    # lesson 9 itself: devices, one device, DDP (stock's, then minddp's pieces)
+    "examples/devices.py", "examples/single_device.py", "examples/stock_ddp.py",
+    "examples/manual_ddp.py",
+    # data parallelism by hand
+    "minddp/usage_error.py", "minddp/backends.py", "minddp/launch.py", "minddp/groups.py",
+    "minddp/sampler.py",
+    "minddp/broadcast.py", "minddp/grad_hooks.py", "minddp/naive.py", "minddp/bucket_layout.py",
+    "minddp/bucketed.py",
+    # sharding: ZeRO-1, then FSDP
+    "minddp/zero.py", "minddp/zero_state.py", "examples/zero1.py", "minddp/fsdp.py",
+    "minddp/fsdp_param.py", "examples/fsdp.py",
+    # tensor and sequence parallelism
+    "minddp/tp_ops.py", "minddp/tp.py", "minddp/sp.py", "minddp/tp_plan.py", "examples/tp.py",
+    # pipeline parallelism, elastic training
+    "minddp/pp.py", "examples/pipeline.py", "minddp/elastic.py", "examples/elastic.py",
+    # features and failures, each a small diff of manual_ddp.py
+    "examples/accumulate.py", "examples/restart.py", "examples/uneven.py",
+    "examples/break_ddp.py", "examples/break_fsdp.py", "examples/break_tp.py",
+    "examples/break_pp.py",
+]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BEGIN, END = "<!-- the reading order: made by `minddp lessons` -->", "<!-- end of the reading order -->"
+
+
+def table(root=ROOT):
+    """The reading order as a markdown table: #, file, lines, idea."""
+    rows = ["| # | file | lines | idea |", "| --- | --- | --- | --- |"]
+    for number, path in enumerate(ORDER, 1):
+        text = (root / path).read_text()
+        idea = ast.get_docstring(ast.parse(text)).splitlines()[0].rstrip(".")
+        rows.append(f"| {number} | `{path}` | {len(text.splitlines())} | {idea} |")
+    return "\n".join(rows) + "\n"
+
+
+def in_doc(text):
+    """The table between the markers of a doc, or None."""
+    if BEGIN not in text or END not in text:
+        return None
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="minddp lessons", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", metavar="DOC", help="compare DOC's table with the files")
+    args = parser.parse_args(argv)
+    if args.check is None:
+        print(table(), end="")
+        return 0
+    if in_doc(pathlib.Path(args.check).read_text()) != table():
+        print(f"error: {args.check}'s reading order is not the files' (sizes or first lines)\n"
+              f"---> HINT: paste `minddp lessons` between its markers", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
