@@ -173,8 +173,17 @@ def test_tp_breaks_show_their_damage(tmp_path):
     textbook = verdicts["--break bias-after"]
     assert "a different summation order" in textbook and "still the same on every rank" in textbook
     # The diff tool, given the textbook's gradient tables and stock's, names the cause.
+    # docs/tp.md shows this run's output and the diff's figures: they are this run's.
+    doc = (REPO / "docs" / "tp.md").read_text()
+    for line in lines:
+        assert f"    {line}\n" in doc, f"docs/tp.md does not show: {line}"
     verdict = diff(tmp_path / "btp-bias-after-minddp.txt", tmp_path / "btp-bias-after-stock.txt")
     assert verdict.returncode == 1 and "different summation order" in verdict.stdout, verdict.stdout
+    every = diff(tmp_path / "btp-bias-every-rank-minddp.txt",
+                 tmp_path / "btp-bias-every-rank-stock.txt")
+    for output in (verdict.stdout, every.stdout):
+        units = re.search(r"by ([\d.]+) rounding units", output).group(1)
+        assert f"by {units} rounding units" in doc, f"docs/tp.md's figure is not {units}"
     assert "a bias added after a sum" in verdict.stdout and "NaiveDDP" not in verdict.stdout  # 2 ranks
     verdict = diff(tmp_path / "btp-none-minddp.txt", tmp_path / "btp-none-stock.txt")
     assert verdict.returncode == 0 and "IDENTICAL" in verdict.stdout, verdict.stdout

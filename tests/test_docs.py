@@ -36,6 +36,10 @@ def test_readme_sizes_are_the_files_sizes():
     readme = (REPO / "README.md").read_text()
     for path, lines in re.findall(r"`(minddp/[\w/]+\.py)` \((\d+)", readme):  # the folders
         assert len((REPO / path).read_text().splitlines()) == int(lines), path
+    for doc in (REPO / "docs").glob("*.md"):  # "`minddp/pp.py` (178 lines)" in a docs page
+        for path, lines in re.findall(r"`((?:minddp|examples)/[\w/]+\.py)` \((\d+) lines",
+                                      doc.read_text()):
+            assert len((REPO / path).read_text().splitlines()) == int(lines), (doc.name, path)
 
 
 def test_the_reading_order_is_made_from_the_files():

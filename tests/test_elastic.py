@@ -305,6 +305,14 @@ def test_the_samples_of_a_step_do_not_depend_on_the_world_size():
         assert batches[1] == [order[s * G:(s + 1) * G] for s in range(epoch_start, 3)]
 
 
+def test_the_docs_final_weights_are_the_examples():
+    # docs/elastic.md shows a run resized 4 -> 2 -> 4 with --reduce ordered: its final weights
+    # are the run never resized, this one (the same sha1: the figure is checked, not copied).
+    printed = _results()[0]["example"][0]
+    final = re.search(r"final weights after step 12: sha1 \w+", printed).group(0)
+    assert final in (REPO / "docs" / "elastic.md").read_text(), final
+
+
 def test_resuming_with_another_global_batch_is_refused():
     for rank in range(4):
         said = _results()[rank]["example"][1]
