@@ -97,7 +97,8 @@ def autograd_sources(x, nodes):
     of them (autograd numbers nodes in the order they are made), is another source."""
     if x.grad_fn is None or not nodes:
         return {"other"} if x.requires_grad else set()
-    oldest, found, stack, seen = min(n._sequence_nr() for n in nodes), set(), [x.grad_fn], set()
+    oldest = min(n._sequence_nr() for n in nodes)
+    found, seen, stack = set(), set(), [x.grad_fn]
     while stack:
         fn = stack.pop()
         if fn is None or fn in seen:

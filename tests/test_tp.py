@@ -116,6 +116,9 @@ PLANS = {  # model: (build, input shape, {submodule: style}, sequence parallel, 
                      False, True),
     "block-sp-per-rank": (lambda: WithHead(Block()), (2, 8, 16),
                           {f"block.{n}": s for n, s in SP_BLOCK.items()}, True, True),
+    # src_data_rank=None (stock's keyword): each rank's slices of its own weights, no broadcast.
+    "mlp-per-rank-own-weights": (lambda: WithHead(MLP(16)), (4, 16),
+                                 {"block.up": "col", "block.down": "row"}, False, None),
 }
 
 
@@ -140,14 +143,15 @@ def _local(t):
 
 
 def _case(rank, world_size, name, steps=3):
-    build, shape, plan, sequence, per_rank = PLANS[name]
-    torch.manual_seed(rank if per_rank else 0)
+    build, shape, plan, sequence, per_rank = PLANS[name]  # per_rank None: and no broadcast
+    torch.manual_seed(0 if per_rank is False else rank)
+    keywords = {"src_data_rank": None} if per_rank is None else {}
     base = build()
     mesh = init_device_mesh("cpu", (world_size,))
     models, optimizers = {}, {}
     for who, parallelize in (("stock", stock_parallelize), ("minddp", parallelize_module)):
         model = copy.deepcopy(base)
-        parallelize(model, mesh, {n: _style(who, s) for n, s in plan.items()})
+        parallelize(model, mesh, {n: _style(who, s) for n, s in plan.items()}, **keywords)
         models[who] = model
         optimizers[who] = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1,
                                             foreach=False)
