@@ -74,3 +74,18 @@ def test_same_on_every_rank_errors_print_on_rank_0_only(capsys, monkeypatch):
         with exit_on_usage_error():
             raise UsageError("data too small", hint="h", same_on_every_rank=True)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("installed,refused", [("2.12.1", True), ("2.11.0+cu130", True),
+                                                ("2.13.0+cpu", False), ("2.15.0", False),
+                                                ("3.0.0", False)])
+def test_a_torch_older_than_the_floor_is_refused_in_one_line(monkeypatch, installed, refused):
+    import importlib.metadata
+    from minddp.run import cli
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: installed)
+    said = cli.torch_too_old()
+    assert (said is not None) == refused
+    if refused:
+        lines = said.splitlines()
+        assert lines[0] == f"error: minddp needs torch 2.13 or later, found {installed}"
+        assert len(lines) == 2 and lines[1].startswith("---> HINT: pip install 'torch>=2.13'")
