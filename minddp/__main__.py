@@ -37,7 +37,7 @@ def version(package):
 def usage():
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
-    return ("usage: minddp COMMAND [flags]   (minddp COMMAND --help: its flags; minddp --version)\n\n"
+    return ("usage: minddp COMMAND [flags]   (COMMAND --help: its flags; minddp --version)\n\n"
             "commands:\n" + "\n".join(lines) + "\n")
 
 

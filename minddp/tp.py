@@ -48,9 +48,9 @@ class ColwiseParallel:
 
     def apply(self, name, module, group, src, region=None):
         """region: the PrepareModuleInput whose gathered input feeds this split, if any."""
-        keep_slice(name, module, "weight", 0, group, src)  # the weight's rows
+        keep_slice(module, "weight", 0, group, src)  # the weight's rows
         if module.bias is not None:
-            keep_slice(name, module, "bias", 0, group, src)
+            keep_slice(module, "bias", 0, group, src)
         module.register_forward_pre_hook(
             lambda m, args: (self._whole(name, args[0], group, region), *args[1:]))
 
@@ -77,7 +77,7 @@ class RowwiseParallel:
         check_split(name, module, parent, 1, world_size)
 
     def apply(self, name, module, group, src, region=None):
-        keep_slice(name, module, "weight", 1, group, src)  # the weight's columns
+        keep_slice(module, "weight", 1, group, src)  # the weight's columns
         if module.bias is not None and src is not None and dist.get_world_size(group) > 1:
             dist.broadcast(module.bias.data, src=global_rank(group, src), group=group)  # whole
         module.forward = lambda x: self._forward(module, x, group)
@@ -92,10 +92,11 @@ class RowwiseParallel:
 
 
 @torch.no_grad()
-def keep_slice(name, module, attr, dim, group, src):
+def keep_slice(module, attr, dim, group, src):
     """Collective: module.<attr> becomes this rank's equal slice along `dim` of group rank
     src's tensor (src None: of this rank's own), a new Parameter."""
-    full, world_size = getattr(module, attr), dist.get_world_size(group)
+    full = getattr(module, attr)
+    world_size = dist.get_world_size(group)
     if src is not None and world_size > 1:  # stock's distribute_tensor: rank src's values
         dist.broadcast(full.data, src=global_rank(group, src), group=group)
     part = full.detach().chunk(world_size, dim)[dist.get_rank(group)].clone()

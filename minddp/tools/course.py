@@ -2,6 +2,7 @@
 
     minddp lessons                            # the table, in markdown
     minddp lessons --check docs/course.md     # exit 1 if the doc's table is not the files'
+    minddp lessons --write docs/course.md     # put the files' table between the doc's markers
 
 Only the order is written here. A row's idea is its file's own first docstring line and its
 size the file's line count, so the table cannot drift from the code, and a new lesson adds
@@ -58,13 +59,24 @@ def in_doc(text):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="minddp lessons", description=__doc__.splitlines()[0])
     parser.add_argument("--check", metavar="DOC", help="compare DOC's table with the files")
+    parser.add_argument("--write", metavar="DOC", help="write the table between DOC's markers")
     args = parser.parse_args(argv)
+    if args.write:
+        doc = pathlib.Path(args.write)
+        text = doc.read_text()
+        if in_doc(text) is None:
+            print(f"error: {args.write} has no reading-order markers\n---> HINT: add the two"
+                  f" lines {BEGIN} and {END}", file=sys.stderr)
+            return 2
+        before, rest = text.split(BEGIN, 1)
+        doc.write_text(before + BEGIN + "\n" + table() + END + rest.split(END, 1)[1])
+        return 0
     if args.check is None:
         print(table(), end="")
         return 0
     if in_doc(pathlib.Path(args.check).read_text()) != table():
         print(f"error: {args.check}'s reading order is not the files' (sizes or first lines)\n"
-              f"---> HINT: paste `minddp lessons` between its markers", file=sys.stderr)
+              f"---> HINT: minddp lessons --write {args.check}", file=sys.stderr)
         return 1
     return 0
 
