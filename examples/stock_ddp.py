@@ -69,4 +69,4 @@ if __name__ == "__main__":
         env = ddp_setup(args.backend, args.device, args.timeout)
         print0(f"PyTorch {torch.__version__} | {env}")  # world size, backend and device
         main(env, args)
-        ddp_teardown()  # after main() has returned and freed the model: launch.py says why
+        ddp_teardown()  # after main() has returned and freed the model: teardown.py says why

@@ -22,7 +22,7 @@ PUBLIC = {  # name -> the module that defines it
     "UsageError": "usage_error",
     "ShardSampler": "sampler", "check_batches": "sampler",
     "broadcast_parameters": "broadcast", "check_same_model": "broadcast",
-    "DDPEnv": "launch", "ddp_setup": "launch", "ddp_teardown": "launch", "print0": "launch",
+    "DDPEnv": "launch", "ddp_setup": "launch", "ddp_teardown": "teardown", "print0": "launch",
     "print_rank": "launch",
     "NaiveDDP": "naive", "BucketedDDP": "bucketed", "ShardedOptimizer": "zero",
     "ManualDDP": "dropin.ddp", "fully_shard": "dropin.fsdp", "MixedPrecisionPolicy": "dropin.fsdp",

@@ -23,8 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from minddp.launch import ddp_teardown
-from minddp.launch import group_threads
+from minddp.teardown import ddp_teardown, group_threads
 
 REPO = Path(__file__).resolve().parent.parent
 HANG_S = 600  # a run still going after this long is hung (the slowest takes ~40 s, loaded)

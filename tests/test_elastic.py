@@ -49,7 +49,7 @@ import minddp
 import minddp.run.cli
 import minddp.tools.tables
 from helpers import HANG_S, REPO, TAG, kill_tagged, share_spawn, shared_results
-from minddp.launch import forget_dtensor_caches
+from minddp.teardown import forget_dtensor_caches
 from minddp.elastic import (ElasticBatchSampler, check_world, ordered_average, reshard_plan,
                             set_gradients, shard_gradients, shard_rows)
 from minddp.run.sharded_checkpoint import OPTIONS, latest, load_sharded, save_sharded

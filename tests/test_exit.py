@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers import HANG_S, REPO, Hang, kill_tagged, run, run_ranks, tagged_pids, torchrun
 from minddp import GradTable, ManualDDP, ddp_teardown
-from minddp.launch import group_threads
+from minddp.teardown import group_threads
 
 EXAMPLES = REPO / "examples"
 

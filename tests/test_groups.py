@@ -28,7 +28,7 @@ from helpers import share_spawn, shared_results
 from minddp import BucketedDDP, ManualDDP, NaiveDDP, NeuralNetwork, ShardedOptimizer, fully_shard
 from minddp import pp, tp
 from minddp.groups import global_rank, is_member, members
-from minddp.launch import forget_dtensor_caches
+from minddp.teardown import forget_dtensor_caches
 
 GROUPS = {"2,3": [2, 3], "1,3": [1, 3]}
 WRAPPERS = {"NaiveDDP": NaiveDDP, "BucketedDDP": BucketedDDP, "ManualDDP": ManualDDP}

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from tabulate import tabulate
 
-from ..launch import ddp_teardown
+from ..teardown import ddp_teardown
 from ..run.errors import interrupted
 
 # The collectives' names (torch 2.13 and older), and per byte passed, bytes a rank sends on a

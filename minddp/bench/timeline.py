@@ -52,7 +52,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ..bucketed import BucketedDDP  # noqa: E402
-from ..launch import ddp_teardown  # noqa: E402
+from ..teardown import ddp_teardown  # noqa: E402
 from ..naive import NaiveDDP  # noqa: E402
 from ..run.errors import exit_on_usage_error  # noqa: E402
 from ..tools.overlap import overlap, text_timeline  # noqa: E402

@@ -18,7 +18,7 @@ import tempfile
 import threading
 
 from ..usage_error import UsageError
-from .errors import exit_on_usage_error, interrupted
+from .errors import exit_on_usage_error, interrupted, rank_0_speaks_first
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -41,7 +41,10 @@ class ArgumentParser(argparse.ArgumentParser):
             signal.signal(signal.SIGINT, interrupted)
         refusal = torch_too_old()
         if refusal:  # every rank stops; rank 0 says why, once
-            self.exit(2, refusal if os.environ.get("RANK", "0") == "0" else None)
+            if os.environ.get("RANK", "0") != "0":
+                rank_0_speaks_first()
+                self.exit(2)
+            self.exit(2, refusal)
         return super().parse_known_args(args, namespace)
 
     def error(self, message, given=None):

@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 
 from ..usage_error import UsageError  # the lessons' one error type; this file turns it into an exit
@@ -31,6 +32,7 @@ EXIT_FAILURE = 1  # a collective that failed, or any other error while a group l
 EXIT_USAGE = 2  # a UsageError: the command line, the data or the machine (argparse's, too)
 EXIT_INJECTED_CRASH = 17  # faults.py's crash on purpose, so a test tells it from a bug
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+RANK_0_FIRST_S = 2  # how long a silent rank waits before it exits (rank_0_speaks_first)
 
 # How gloo and nccl word "your peer is gone": a dead peer closes its sockets at once; a
 # live one that never joins the collective is noticed when the timeout runs out.
@@ -63,7 +65,7 @@ def exit_on_failure():
     A failed collective (a peer died or timed out): one line naming it. Ctrl-C: one line,
     `interrupted`, exit 130 as shells expect. Anything else: its traceback. Then os._exit,
     no interpreter teardown: the traceback's frames hold the model, and the interpreter's
-    exit would free it with the group's threads still running (launch.ddp_teardown).
+    exit would free it with the group's threads still running (teardown.ddp_teardown).
     """
     # Ctrl-C: leave from the signal handler itself. A KeyboardInterrupt raised wherever the
     # main thread happens to be can land in a __del__ or a callback, where Python prints
@@ -102,15 +104,25 @@ def _exit_usage(err):
         print(f"{prefix}error: {err.message}", file=sys.stderr, flush=True)
         if err.hint:
             print(f"{prefix}---> HINT: {err.hint}", file=sys.stderr, flush=True)
+    else:
+        rank_0_speaks_first()
     # minddp's checks depend only on the command line, the data and the machine,
     # so every rank raises at the same point and none is left waiting in a
     # collective. Leave the group as a clean run would: the traceback's frames hold
-    # the model, so free them first (the order launch.ddp_teardown explains).
+    # the model, so free them first (the order teardown.ddp_teardown explains).
     traceback.clear_frames(err.__traceback__)
     if _group_alive():
         gc.collect()
         sys.modules["torch.distributed"].destroy_process_group()
     sys.exit(EXIT_USAGE)
+
+
+def rank_0_speaks_first():
+    """On a rank that stays silent about a mistake rank 0 reports: a moment before exiting.
+
+    torchrun stops every worker as soon as one has failed; a silent rank that exits first
+    could have rank 0 stopped before it has printed why, on a busy machine."""
+    time.sleep(RANK_0_FIRST_S)
 
 
 def _exit_collective(text, hint=None):

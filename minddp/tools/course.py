@@ -22,7 +22,7 @@ ORDER = [
     "minddp/usage_error.py", "minddp/backends.py", "minddp/launch.py", "minddp/groups.py",
     "minddp/sampler.py",
     "minddp/broadcast.py", "minddp/grad_hooks.py", "minddp/naive.py", "minddp/bucket_layout.py",
-    "minddp/bucketed.py",
+    "minddp/bucketed.py", "minddp/teardown.py",
     # sharding: ZeRO-1, then FSDP
     "minddp/zero.py", "minddp/zero_state.py", "examples/zero1.py", "minddp/fsdp.py",
     "minddp/fsdp_param.py", "examples/fsdp.py",
