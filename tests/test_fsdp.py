@@ -176,8 +176,8 @@ def _whole_tensors(rank):
     stock_weights = {n: p.full_tensor() for n, p in models[0].named_parameters()}
     stock_grads = {n: p.grad.full_tensor() for n, p in models[0].named_parameters()}
     weights, grads = full_state_dict(models[1]), full_gradients(models[1])
-    same_weights = all(torch.equal(weights[n], t) for n, t in stock_weights.items())
-    same_grads = all(torch.equal(grads[n], t) for n, t in stock_grads.items())
+    weights_differ = [n for n, t in stock_weights.items() if not torch.equal(weights[n], t)]
+    grads_differ = [n for n, t in stock_grads.items() if not torch.equal(grads[n], t)]
     # Load the whole weights into a model sharded from other weights: the same shards again.
     torch.manual_seed(1)
     other = TinyLM()
@@ -185,9 +185,12 @@ def _whole_tensors(rank):
         fully_shard(unit)
     load_full_state_dict(other, weights)
     ours = dict(models[1].named_parameters())
-    reloaded = all(torch.equal(p.to_local(), ours[n].to_local())
-                   for n, p in other.named_parameters())
-    return same_weights, same_grads, reloaded, len(weights) == len(stock_weights)
+    reloaded_differ = [n for n, p in other.named_parameters()
+                       if not torch.equal(p.to_local(), ours[n].to_local())]
+    return {"weights differ from full_tensor()": weights_differ,
+            "gradients differ from full_tensor()": grads_differ,
+            "reloaded shards differ": reloaded_differ,
+            "entries missing": sorted(set(stock_weights) - set(weights))}
 
 
 def _mistakes(rank):
@@ -256,7 +259,7 @@ def test_whole_weights_equal_manual_ddps(world_size):
 
 def test_whole_tensors_equal_stocks_full_tensor():
     for out in _results(2):
-        assert out["whole"] == (True, True, True, True), out["whole"]
+        assert all(names == [] for names in out["whole"].values()), out["whole"]
 
 
 @pytest.mark.parametrize("mistake,message", [
