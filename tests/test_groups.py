@@ -101,11 +101,13 @@ def _zero_case(rank, group):
 
 
 def _fsdp_case(rank, group):
-    torch.manual_seed(10 + rank)  # every rank its own weights: minddp takes rank 0's
+    torch.manual_seed(10 + rank)  # every rank its own weights, to start
     base = _model()
     mesh = DeviceMesh.from_group(group, "cpu")
     models = [copy.deepcopy(base), copy.deepcopy(base)]
-    for m in models:  # stock assumes equal weights: give it group rank 0's, as minddp takes
+    # Stock's fully_shard does not broadcast (it assumes equal weights): both start from group
+    # rank 0's, so the comparison is of the sharded training, not of the first copy.
+    for m in models:
         for p in m.parameters():
             dist.broadcast(p.data, src=global_rank(group, 0), group=group)
     for unit in (models[0][0], models[0]):
