@@ -10,10 +10,13 @@ whose last gradient has come in is all-reduced *asynchronously*, while autograd 
 computing the earlier layers' gradients. When backward ends we wait for every bucket and
 copy the averages back into `.grad`. The layout is stock's (bucket_layout.py): one bucket for
 the first backward, then buckets rebuilt once, in the order the gradients arrived.
-Stock's other knobs (find_unused_parameters, comm hooks, ...) sit on top: dropin/ddp.py.
+
+One gradient's path reads down this file, and stock's other knobs (dropin/ddp.py) fill in
+its extension points: _pack_buckets (who shares a bucket), _copy_into_bucket (how a gradient
+enters it), _reduce_bucket and _wait_for_bucket (how a bucket is reduced, what comes back),
+_copy_out_of_bucket (how the averages get back into .grad).
 """
 
-import contextlib
 import functools
 
 import torch
@@ -25,6 +28,7 @@ from .broadcast import broadcast_buffers, broadcast_parameters, check_same_model
 from .bucket_layout import Bucket, assign_buckets, bucket_size_limits, check_bucketable
 from .grad_hooks import at_end_of_backward, missing_gradients_error, weakly
 from .groups import global_rank
+from .naive import NaiveDDP
 from .usage_error import UsageError
 
 
@@ -54,30 +58,27 @@ class BucketedDDP(nn.Module):
         self.size_limits = bucket_size_limits(bucket_cap_mb)
         # Before any backward nobody knows in which order the gradients will arrive: one
         # bucket for everything, rebuilt after the first synced backward (_rebuild_buckets).
-        self._build_buckets(assign_buckets(self._params, [float("inf")]))
+        self._build_buckets(self._pack_buckets([float("inf")]))
         self._rebuilt = False
         self._arrival_order = []  # parameter indices, in the order their gradients came
         self._sync_this_backward = False  # decided by forward, cleared when backward ends
-        self._arrived = set()  # indices of the gradients that came in this backward
+        self._ready = set()  # indices whose bucket slot is filled in this backward
         for i, p in enumerate(self._params):
             hook = functools.partial(weakly(self._gradient_ready), i)  # (grad_hooks.py)
             p.register_post_accumulate_grad_hook(hook)
 
+    def _pack_buckets(self, size_limits, order=None):
+        return assign_buckets(self._params, size_limits, order)
+
     def _build_buckets(self, layout):
         self.buckets = [Bucket(self._params, indices) for indices in layout]
-        self._where = {i: (bucket, view) for bucket in self.buckets  # index -> bucket, view
+        # parameter index -> (its bucket, its view in that bucket)
+        self._where = {i: (bucket, view) for bucket in self.buckets
                        for i, view in zip(bucket.indices, bucket.views)}
         self._next_bucket = 0  # the next bucket to launch in this backward
 
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Backwards inside this block only add to the local .grad; no communication."""
-        before = self.require_backward_grad_sync
-        self.require_backward_grad_sync = False
-        try:
-            yield
-        finally:
-            self.require_backward_grad_sync = before
+    # no_sync(): naive.py's, as it is: it lowers require_backward_grad_sync for the block
+    no_sync = NaiveDDP.no_sync
 
     def forward(self, *args, **kwargs):
         """The module's forward; a training forward decides if the next backward syncs."""
@@ -98,29 +99,26 @@ class BucketedDDP(nn.Module):
             return
         # Gradients arrive roughly last layer first. Buckets packed in that order fill up
         # (and leave) while backward is still busy with the layers below.
-        self._build_buckets(assign_buckets(self._params, self.size_limits, self._agreed_order()))
-        self._rebuilt = True
-
-    def _agreed_order(self):
         order = torch.tensor(self._arrival_order, device=self._params[0].device)
         if self.world_size > 1:
             # Every rank must pack the same buckets, or the all_reduces would add up
             # different parameters; stock settles it the same way: rank 0's order wins.
             group = self.process_group
             dist.broadcast(order, src=global_rank(group, 0), group=group)
-        return order.tolist()
+        self._build_buckets(self._pack_buckets(self.size_limits, order.tolist()))
+        self._rebuilt = True
 
     def _gradient_ready(self, index, param):
         if not self._sync_this_backward:
             return  # inside no_sync(): the gradient stays in .grad and accumulates
-        if not self._arrived:  # the first gradient: at the end of backward, wait for all
+        if not self._ready:  # the first gradient: at the end of backward, wait for all
             at_end_of_backward(self._end_of_backward)  # (grad_hooks.py)
-        self._arrived.add(index)
         if not self._rebuilt:
             self._arrival_order.append(index)
         self._mark_ready(index)
 
     def _mark_ready(self, index):
+        self._ready.add(index)
         bucket, view = self._where[index]
         self._copy_into_bucket(index, view)
         bucket.pending -= 1
@@ -128,7 +126,8 @@ class BucketedDDP(nn.Module):
         # the order they are issued, so bucket 1 may not overtake bucket 0, even if ready.
         while (self._next_bucket < len(self.buckets)
                and self.buckets[self._next_bucket].pending == 0):
-            self._launch(self._next_bucket)
+            bucket = self.buckets[self._next_bucket]
+            bucket.work = self._reduce_bucket(bucket, self._next_bucket)
             self._next_bucket += 1
 
     def _copy_into_bucket(self, index, view):
@@ -140,30 +139,39 @@ class BucketedDDP(nn.Module):
         # that comes back is the mean (stock multiplies by 1/world_size the same way).
         torch.mul(grad, 1.0 / self.world_size, out=view)
 
-    def _launch(self, position):
-        bucket = self.buckets[position]
-        if self.world_size > 1:
-            # async_op: returns at once; the reduction runs in the backend's own thread
-            # while autograd goes on computing the earlier layers' gradients.
-            bucket.work = dist.all_reduce(bucket.flat, group=self.process_group, async_op=True)
+    def _reduce_bucket(self, bucket, position):
+        if self.world_size == 1:
+            return None
+        # async_op: returns at once; the reduction runs in the backend's own thread
+        # while autograd goes on computing the earlier layers' gradients.
+        return dist.all_reduce(bucket.flat, group=self.process_group, async_op=True)
+
+    def _wait_for_bucket(self, bucket, position):
+        if bucket.work is not None:
+            bucket.work.wait()
+        return bucket.flat
 
     def _end_of_backward(self):
         # Wait *before* anyone reads .grad: the optimizer must step with the average, not
         # with this rank's half-reduced buffer.
-        missing = [n for i, n in enumerate(self._names) if i not in self._arrived]
-        for bucket in self.buckets:
-            if bucket.work is not None:
-                bucket.work.wait()
+        missing = [n for i, n in enumerate(self._names) if i not in self._ready]
+        for position, bucket in enumerate(self.buckets):
+            flat = self._wait_for_bucket(bucket, position)
             if not missing:
-                for param, view in zip(bucket.params, bucket.views):
-                    param.grad.copy_(view)  # the average, back where the optimizer reads it
+                self._copy_out_of_bucket(bucket, flat)
         self._reset()
         if missing:  # a bucket that never filled was never sent: say so instead of hanging
             raise missing_gradients_error(missing)
 
+    def _copy_out_of_bucket(self, bucket, flat):
+        for param, average in zip(bucket.params, bucket.views_of(flat)):
+            param.grad.copy_(average)  # back where the optimizer reads it
+
     def _reset(self):
         for bucket in self.buckets:
             bucket.pending, bucket.work = len(bucket.params), None
-        self._next_bucket, self._arrived, self._sync_this_backward = 0, set(), False
+        self._next_bucket = 0
+        self._ready = set()
+        self._sync_this_backward = False
         if len(self._arrival_order) != len(self._params):
             self._arrival_order = []  # an incomplete first backward teaches no order

@@ -10,6 +10,7 @@ checks.py) and stock's knobs, each in one method below, each bitwise equal to st
 the same setting (tests/test_contract.py; what each does: docs/buckets.md).
 """
 
+import functools
 import warnings
 
 import torch
@@ -22,6 +23,7 @@ from ..usage_error import UsageError
 from .comm_hooks import hook_result
 from .join import JoinableDDP, join_forward
 from .unused import unused_parameters
+from ..grad_hooks import weakly
 
 
 class ManualDDP(BucketedDDP, JoinableDDP):
@@ -59,6 +61,10 @@ class ManualDDP(BucketedDDP, JoinableDDP):
         # before each forward; forward_sync_buffers=False only the latter.
         at_init = True if forward_sync_buffers is not None else broadcast_buffers is not False
         self.gradient_as_bucket_view = gradient_as_bucket_view  # read by _build_buckets below
+        # Sparse gradients: a bucket each, from the start (bucket_extras.py says why); read
+        # by _pack_buckets, which BucketedDDP's constructor calls.
+        trained = [p for p in module.parameters() if p.requires_grad]
+        self._sparse = {i for i, p in enumerate(trained) if expects_sparse_gradient(module, p)}
         super().__init__(module, check_stock_arguments(module, device_ids, output_device),
                          at_init, init_sync, process_group, bucket_cap_mb)
         self.broadcast_buffers = (at_init if forward_sync_buffers is None
@@ -67,27 +73,33 @@ class ManualDDP(BucketedDDP, JoinableDDP):
         if check_reduction:
             warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is"
                           " deprecated. Please avoid using it.", FutureWarning, stacklevel=2)
-        self.find_unused_parameters = find_unused_parameters
         self._comm_hook = None  # (state, hook)
         self._backwards = 0  # synced backwards so far
-        self._unused = []  # find_unused_parameters: indices outside this forward's graph
-        self._used = torch.zeros(len(self._params), dtype=torch.int32)  # used here, this step
-        self._used_work = None  # the used map's all_reduce, in flight
         JoinableDDP.__init__(self)  # join(): disabled until the context manager enables it
         self._divide_by_initial_world_size = True
         self._still_training = None  # join(): step 1's work, then the count it summed
-        # Sparse gradients: a bucket each, from the start (bucket_extras.py says why).
-        self._sparse = {i for i, p in enumerate(self._params) if expects_sparse_gradient(module, p)}
+        self.find_unused_parameters = find_unused_parameters
+        self._unused = []  # find_unused_parameters: indices outside this forward's graph
+        self._used = torch.zeros(len(self._params), dtype=torch.int32)  # used here, this step
+        self._used_work = None  # the used map's all_reduce, in flight
         if find_unused_parameters:
             # Which parameters take part may change every step, so one step's arrival order
             # says little about the next: stock sizes the buckets once, last parameters
             # first, and never rebuilds them.
-            self._build_buckets(assign_buckets_with_sparse(self._params, self.size_limits,
-                                                           sparse=self._sparse)[::-1])
+            self._build_buckets(self._pack_buckets(self.size_limits)[::-1])
             self._rebuilt = True
-        elif self._sparse:
-            self._build_buckets(assign_buckets_with_sparse(self._params, [float("inf")],
-                                                         sparse=self._sparse))
+            for i, p in enumerate(self._params):  # after BucketedDDP's hook on p, in no_sync too
+                p.register_post_accumulate_grad_hook(functools.partial(weakly(self._used_now), i))
+
+    def _pack_buckets(self, size_limits, order=None):
+        return assign_buckets_with_sparse(self._params, size_limits, order, sparse=self._sparse)
+
+    def _build_buckets(self, layout):
+        super()._build_buckets(layout)
+        for i, (_, view) in self._where.items():
+            p = self._params[i]
+            if self.gradient_as_bucket_view and p.grad is not None and not aliases(p.grad, view):
+                p.grad = view.copy_(p.grad)  # after a rebuild, .grad moves into its new bucket
 
     # --- register_comm_hook: a bucket reduced by your function instead of all_reduce ---
 
@@ -105,12 +117,20 @@ class ManualDDP(BucketedDDP, JoinableDDP):
                                   " before any backward")
         self._comm_hook = (state, hook)
 
-    def _launch(self, position):
+    def _reduce_bucket(self, bucket, position):
         if self._comm_hook is None:
-            return super()._launch(position)
-        state, hook = self._comm_hook
-        bucket = self.buckets[position]
-        bucket.work = hook(state, GradBucket(bucket, position, len(self.buckets)))
+            work = super()._reduce_bucket(bucket, position)
+        else:
+            state, hook = self._comm_hook
+            work = hook(state, GradBucket(bucket, position, len(self.buckets)))
+        if position == len(self.buckets) - 1 and self.find_unused_parameters:
+            self._reduce_used_map()  # the last bucket is on its way: who used what?
+        return work
+
+    def _wait_for_bucket(self, bucket, position):
+        if self._comm_hook is None:
+            return super()._wait_for_bucket(bucket, position)
+        return hook_result(self._comm_hook[1], bucket.work, position, bucket.flat)
 
     # --- gradient_as_bucket_view, sparse gradients, hooks: how a gradient enters its bucket ---
 
@@ -140,21 +160,6 @@ class ManualDDP(BucketedDDP, JoinableDDP):
             if self.gradient_as_bucket_view:
                 param.grad = view  # from now on .grad is the bucket: no copy back later
 
-    def _build_buckets(self, layout):
-        super()._build_buckets(layout)
-        for i, (_, view) in self._where.items():
-            p = self._params[i]
-            if self.gradient_as_bucket_view and p.grad is not None and not aliases(p.grad, view):
-                p.grad = view.copy_(p.grad)  # after a rebuild, .grad moves into its new bucket
-
-    def _rebuild_buckets(self):
-        if self._rebuilt or len(self._arrival_order) != len(self._params):
-            return
-
-        self._build_buckets(assign_buckets_with_sparse(
-            self._params, self.size_limits, self._agreed_order(), sparse=self._sparse))
-        self._rebuilt = True
-
     # --- find_unused_parameters: who took part in this step ---
 
     # torch.compile(ManualDDP(m)) runs this forward eagerly, as it runs stock DDP's on the
@@ -171,70 +176,60 @@ class ManualDDP(BucketedDDP, JoinableDDP):
             self._unused = unused_parameters(output, self._params)
         return output
 
-    def _gradient_ready(self, index, param):
-        if self.find_unused_parameters and param.grad is not None:
+    def _used_now(self, index, param):
+        if param.grad is not None:
             self._used[index] = 1  # used here: in no_sync() too, it counts for the next sync
-        super()._gradient_ready(index, param)
-
-    def _mark_ready(self, index):
         # The parameters outside this step's graph get no hook: they are ready (with a
         # zero contribution) as soon as backward starts, so their buckets can leave.
         unused, self._unused = self._unused, []
         for i in unused:
-            super()._mark_ready(i)
-        super()._mark_ready(index)
-        all_sent = self._next_bucket == len(self.buckets)
-        if all_sent and self.find_unused_parameters and self.world_size > 1:
+            self._mark_ready(i)
+
+    def _reduce_used_map(self):
+        if self.world_size > 1:
             # Which parameters did *any* rank use? One unused everywhere keeps its .grad
             # untouched (None stays None); used somewhere, it gets the average.
             self._used_anywhere = self._used.clone()  # reduced in flight; _used stays local
             self._used_work = dist.all_reduce(self._used_anywhere, group=self.process_group,
                                               async_op=True)
 
+    # --- the end of backward: the averages back into .grad, as each knob wants them ---
+
     def _end_of_backward(self):
         self._backwards += 1
-        if len(self._arrived) != len(self._params) and not self.find_unused_parameters:
-            return super()._end_of_backward()  # waits, then names the missing gradient
-        used_anywhere = None
-        for position, bucket in enumerate(self.buckets):
-            result = self._wait(position, bucket)
-            if result.is_sparse:
-                # The all_reduce summed the sparse .grad in place, coalesced (duplicate rows
-                # added up). Alone (world size 1) nothing coalesced it: do it here, or the
-                # optimizer would add duplicate rows one by one and round otherwise.
-                if not result.is_coalesced():
-                    bucket.params[0].grad = result.coalesce()
-                continue
-            for i, view, reduced in zip(bucket.indices, bucket.views, bucket.views_of(result)):
-                param = self._params[i]
-                if self.find_unused_parameters and not self._used[i]:
-                    if used_anywhere is None:  # the first locally unused one: used anywhere?
-                        used_anywhere = self._used_anywhere_list()
-                    if not used_anywhere[i]:
-                        continue  # unused on every rank: .grad stays as it was
-                if self.gradient_as_bucket_view:
-                    if not aliases(view, reduced):
-                        view.copy_(reduced)  # a hook's result lives in a tensor of its own
-                    if param.grad is None:
-                        param.grad = view
-                elif param.grad is None:
-                    param.grad = torch.empty_like(param).copy_(reduced)
-                else:
-                    param.grad.copy_(reduced)
-        self._reset()
+        super()._end_of_backward()
 
-    def _wait(self, position, bucket):
-        if self._comm_hook is None:
-            if bucket.work is not None:
-                bucket.work.wait()
-            return bucket.flat
-        return hook_result(self._comm_hook[1], bucket.work, position, bucket.flat)
+    def _copy_out_of_bucket(self, bucket, flat):
+        if flat.is_sparse:
+            # The all_reduce summed the sparse .grad in place, coalesced (duplicate rows
+            # added up). Alone (world size 1) nothing coalesced it: do it here, or the
+            # optimizer would add duplicate rows one by one and round otherwise.
+            if not flat.is_coalesced():
+                bucket.params[0].grad = flat.coalesce()
+            return
+        for i, view, average in zip(bucket.indices, bucket.views, bucket.views_of(flat)):
+            param = self._params[i]
+            if self.find_unused_parameters and not self._used[i]:
+                if not self._used_anywhere_list()[i]:
+                    continue  # unused on every rank: .grad stays as it was
+            if self.gradient_as_bucket_view:
+                if not aliases(view, average):
+                    view.copy_(average)  # a hook's result lives in a tensor of its own
+                if param.grad is None:
+                    param.grad = view
+            elif param.grad is None:
+                param.grad = torch.empty_like(param).copy_(average)
+            else:
+                param.grad.copy_(average)
 
     def _used_anywhere_list(self):
+        if self._used_work is not None:  # the first locally unused parameter: wait once
+            self._used_work.wait()
+            self._used_work = None
+            self._used_anywhere = self._used_anywhere.tolist()
         if self.world_size == 1:
             return self._used.tolist()
-        self._used_work.wait()
-        return self._used_anywhere.tolist()
+        return self._used_anywhere
 
     def _reset(self):
         if self._used_work is not None:
