@@ -58,6 +58,28 @@ class Branchy(torch.nn.Module):
         return self.heads[head](torch.relu(self.body(x)))
 
 
+class AuxHead(torch.nn.Module):
+    """Returns (logits, aux): the aux head is in forward's output but not always in the loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(4, 16)
+        self.head, self.aux = torch.nn.Linear(16, 3), torch.nn.Linear(16, 2)
+
+    def forward(self, x, step=0, rank=0):
+        h = torch.relu(self.body(x))
+        return self.head(h), self.aux(h)
+
+
+def _loss(output, y, step, rank):
+    if not isinstance(output, tuple):
+        return F.cross_entropy(output, y)
+    # AuxHead: the aux output joins the loss on some steps and ranks only; on the others
+    # its parameters are reached by forward's output but get no gradient (stock: None)
+    logits, aux = output
+    return F.cross_entropy(logits, y) + (aux.square().mean() if (step + rank) % 3 == 0 else 0)
+
+
 CONFIGS = {  # name: (model class, wrapper kwargs, zero_grad set_to_none, no_sync micro-batch)
     "buffers": (BatchNormNet, {}, True, False),
     "buffers-off": (BatchNormNet, {"broadcast_buffers": False}, True, False),
@@ -65,6 +87,8 @@ CONFIGS = {  # name: (model class, wrapper kwargs, zero_grad set_to_none, no_syn
     "bucket-view-zeroed": (Wide, {"gradient_as_bucket_view": True, "bucket_cap_mb": 0.05}, False, True),
     "unused": (Branchy, {"find_unused_parameters": True}, True, False),
     "unused-zeroed": (Branchy, {"find_unused_parameters": True}, False, False),
+    "unused-by-the-loss": (AuxHead, {"find_unused_parameters": True}, True, False),
+    "unused-by-the-loss-zeroed": (AuxHead, {"find_unused_parameters": True}, False, True),
     "allreduce-hook": (Wide, {"bucket_cap_mb": 0.05}, True, False),
     "fp16-hook": (Wide, {"bucket_cap_mb": 0.05}, True, False),
     "minddp-hook": (Wide, {"bucket_cap_mb": 0.05}, True, False),
@@ -91,14 +115,15 @@ def _train(model, rank, set_to_none, micro_batch):
         optimizer.zero_grad(set_to_none=set_to_none)
         if micro_batch and step == 2:
             with model.no_sync():  # half the batch stays local, the other half syncs both
-                F.cross_entropy(model(x[:3], step, rank), y[:3]).backward()
+                _loss(model(x[:3], step, rank), y[:3], step, rank).backward()
             x, y = x[3:], y[3:]
-        F.cross_entropy(model(x, step, rank), y).backward()
+        _loss(model(x, step, rank), y, step, rank).backward()
         grads.append([None if p.grad is None else p.grad.clone() for p in model.module.parameters()])
         optimizer.step()
     model.eval()
     with torch.no_grad():
         out = model(torch.linspace(-1, 1, 24).reshape(6, 4))
+    out = out[0] if isinstance(out, tuple) else out
     return grads, copy.deepcopy(model.module.state_dict()), out
 
 

@@ -197,6 +197,13 @@ class ManualDDP(BucketedDDP, JoinableDDP):
 
     def _end_of_backward(self):
         self._backwards += 1
+        if self.find_unused_parameters:
+            # Reached by forward's output but not by this loss: autograd runs no hook for
+            # them. Stock passes the outputs through one node (_DDPSink), so its C++ hooks
+            # fire with no gradient: ready, adding zero. Here: ready now, buckets in order.
+            for i in range(len(self._params)):
+                if i not in self._ready:
+                    self._mark_ready(i)
         super()._end_of_backward()
 
     def _copy_out_of_bucket(self, bucket, flat):
