@@ -67,12 +67,16 @@ class Bucket:
         numel = sum(p.numel() for p in self.params)
         first = self.params[0]
         self.flat = torch.empty(numel, dtype=first.dtype, device=first.device)
-        self.views = self.views_of(self.flat)
+        self.views = self._split(self.flat)
         self.pending = len(self.params)  # gradients still to arrive in this backward
         self.work = None  # the async all_reduce, or the comm hook's future, in flight
 
     def views_of(self, flat):
         """Per-parameter views into `flat`, a tensor laid out like this bucket's buffer."""
+        # the bucket's own buffer: its views, made once (a step would otherwise make them again)
+        return list(self.views) if flat is self.flat else self._split(flat)
+
+    def _split(self, flat):
         views, offset = [], 0
         for p in self.params:
             views.append(flat[offset:offset + p.numel()].view_as(p))
