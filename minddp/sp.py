@@ -21,6 +21,8 @@ desired_input_layouts=Replicate()) on a module whose inputs must be whole, and
 RowwiseParallel(output_layouts=Shard(1)) (tp.py).
 """
 
+import weakref
+
 import torch.distributed as dist
 
 from .tp_ops import COLLECTIVES, gather_sequence, sequence_dim
@@ -40,9 +42,20 @@ class SequenceParallel:
     def apply(self, name, module, group, src, region=None):
         # Stock leaves the weights as they are on each rank (no broadcast: a LayerNorm starts
         # at ones and zeros everywhere), and so does this.
-        for param in module.parameters():
-            # Stock leaves this gradient Partial (a DTensor) and sums it when the optimizer
-            # reads it; summed here, in backward, it is the same all_reduce of the same parts.
+        hooked = []  # weak references to the tensors that have the hook: each gets it once
+        module.register_forward_pre_hook(lambda m, args: _sum_gradients(m, group, hooked))
+
+
+def _sum_gradients(module, group, hooked):
+    # Stock leaves this gradient Partial (a DTensor) and sums it when it is read (by the
+    # optimizer, or by fully_shard before it reduces over its own ranks); summed here, in
+    # backward, it is the same all_reduce of the same parts. The hook goes on the tensors
+    # the module holds *at forward time*: a wrapper applied after this one (fully_shard)
+    # swaps in parameters of its own, and a hook on the replaced tensor would never fire.
+    hooked[:] = [ref for ref in hooked if ref() is not None]
+    for param in module.parameters():
+        if param.requires_grad and not any(ref() is param for ref in hooked):
+            hooked.append(weakref.ref(param))
             param.register_hook(lambda grad: _summed(grad, group))
 
 

@@ -60,7 +60,7 @@ NOT_IMPLEMENTED = {
     # its bits differ from the default's at 3 ranks from the first step.
     "batched_grad_copy": False,
     "delay_all_reduce_named_params": None, "param_to_hook_all_reduce": None,
-    "mixed_precision": None, "device_mesh": None, "skip_all_reduce_unused_params": False,
+    "mixed_precision": None, "skip_all_reduce_unused_params": False,
     "bucket_cap_mb_list": None,
     # lazy_bucket_allocation=True (torch 2.15): stock then allocates each bucket when its
     # first gradient is ready and frees it after backward; untried here, so refused.
@@ -75,3 +75,16 @@ def refuse_unimplemented(**given):
             raise UsageError(f"ManualDDP does not implement stock DDP's {name}={value!r}",
                              hint=f"leave {name} at its default ({NOT_IMPLEMENTED[name]!r}), or"
                                   " use torch.nn.parallel.DistributedDataParallel for it")
+
+
+def group_of(process_group, device_mesh):
+    """Stock's rule: a process group, or a 1-D device mesh (its one group), never both."""
+    if device_mesh is None:
+        return process_group
+    if process_group is not None:
+        raise UsageError("Cannot specify both process_group and device_mesh arguments.",
+                         hint="pass one: device_mesh=mesh[\"dp\"] is that slice's group")
+    if device_mesh.ndim != 1:
+        raise UsageError(f"Only 1D device mesh is supported, but got {device_mesh}.",
+                         hint="pass the data-parallel dimension's slice: device_mesh=mesh[\"dp\"]")
+    return device_mesh.get_group(mesh_dim=0)

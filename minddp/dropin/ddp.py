@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ..bucketed import BucketedDDP
 from .bucket_extras import GradBucket, aliases, assign_buckets_with_sparse, expects_sparse_gradient
-from .checks import check_stock_arguments, refuse_unimplemented
+from .checks import check_stock_arguments, group_of, refuse_unimplemented
 from ..usage_error import UsageError
 from .comm_hooks import hook_result
 from .join import JoinableDDP, join_forward
@@ -36,6 +36,7 @@ class ManualDDP(BucketedDDP, JoinableDDP):
       register_comm_hook(state, hook)  reduce each bucket your own way (comm_hooks.py)
       sparse gradients (nn.Embedding(sparse=True))  each in a bucket of its own, sent sparse
       device_ids / output_device  checked as stock checks them; inputs moved to device_ids[0]
+      device_mesh      a 1-D mesh (mesh["dp"] of a larger one, mesh.py): its group, as stock
       init_sync=False  no broadcast at construction;  join()  uneven inputs (join.py)
       dim, check_reduction  accepted: they steer nothing minddp does (check_reduction warns)
     Stock's other arguments (static_graph, mixed_precision, ...) are refused in one line.
@@ -53,7 +54,7 @@ class ManualDDP(BucketedDDP, JoinableDDP):
         refuse_unimplemented(static_graph=static_graph, batched_grad_copy=batched_grad_copy,
                              delay_all_reduce_named_params=delay_all_reduce_named_params,
                              param_to_hook_all_reduce=param_to_hook_all_reduce,
-                             mixed_precision=mixed_precision, device_mesh=device_mesh,
+                             mixed_precision=mixed_precision,
                              skip_all_reduce_unused_params=skip_all_reduce_unused_params,
                              bucket_cap_mb_list=bucket_cap_mb_list,
                              lazy_bucket_allocation=lazy_bucket_allocation)
@@ -65,6 +66,8 @@ class ManualDDP(BucketedDDP, JoinableDDP):
         # by _pack_buckets, which BucketedDDP's constructor calls.
         trained = [p for p in module.parameters() if p.requires_grad]
         self._sparse = {i for i, p in enumerate(trained) if expects_sparse_gradient(module, p)}
+        # device_mesh: a 1-D mesh, the dp slice of a larger one (mesh.py); its group is ours
+        process_group = group_of(process_group, device_mesh)
         super().__init__(module, check_stock_arguments(module, device_ids, output_device),
                          at_init, init_sync, process_group, bucket_cap_mb)
         self.broadcast_buffers = (at_init if forward_sync_buffers is None
@@ -185,6 +188,16 @@ class ManualDDP(BucketedDDP, JoinableDDP):
         for i in unused:
             self._mark_ready(i)
 
+    def _end_of_backward(self):
+        if self.find_unused_parameters:
+            # Reached by forward's output but not by this loss: autograd runs no hook for
+            # them. Stock passes the outputs through one node (_DDPSink), so its C++ hooks
+            # fire with no gradient: ready, adding zero. Here: ready now, buckets in order.
+            for i in range(len(self._params)):
+                if i not in self._ready:
+                    self._mark_ready(i)
+        super()._end_of_backward()
+
     def _reduce_used_map(self):
         if self.world_size > 1:
             # Which parameters did *any* rank use? One unused everywhere keeps its .grad
@@ -194,17 +207,6 @@ class ManualDDP(BucketedDDP, JoinableDDP):
                                               async_op=True)
 
     # --- the end of backward: the averages back into .grad, as each knob wants them ---
-
-    def _end_of_backward(self):
-        self._backwards += 1
-        if self.find_unused_parameters:
-            # Reached by forward's output but not by this loss: autograd runs no hook for
-            # them. Stock passes the outputs through one node (_DDPSink), so its C++ hooks
-            # fire with no gradient: ready, adding zero. Here: ready now, buckets in order.
-            for i in range(len(self._params)):
-                if i not in self._ready:
-                    self._mark_ready(i)
-        super()._end_of_backward()
 
     def _copy_out_of_bucket(self, bucket, flat):
         if flat.is_sparse:
@@ -243,6 +245,7 @@ class ManualDDP(BucketedDDP, JoinableDDP):
             self._used_work.wait()  # never leave a collective in flight behind us
             self._used_work = None
         super()._reset()
+        self._backwards += 1  # (register_comm_hook refuses to come after the first)
         self._still_training = None
         self._used.zero_()
         self._unused = []

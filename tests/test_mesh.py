@@ -1,0 +1,210 @@
+"""The device mesh (minddp/mesh.py) against init_device_mesh, and compositions on it vs stock's.
+
+    pytest tests/test_mesh.py
+
+One spawn of 4 ranks (and one of 8) builds stock's mesh and minddp's for every shape of that
+world size and compares, dimension by dimension, the ranks of this rank's group, its slice,
+its coordinates and its place in each group. On the same spawn, compositions of lessons on a
+(dp=2, tp=2) mesh train beside stock's same composition from the same weights and batches;
+after each of 3 AdamW steps the loss, every gradient (this rank's part, as stock holds it) and
+every weight must be torch.equal on every rank.
+"""
+
+import copy
+import itertools
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh as stock_mesh
+from torch.distributed.fsdp import fully_shard as stock_fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import parallel as stock_tp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from helpers import share_spawn, shared_results
+import minddp.sp
+import minddp.tp
+import minddp
+from minddp import ManualDDP, UsageError
+from minddp.bench.transformer import Block
+from minddp.groups import members
+from minddp.mesh import DeviceMesh, check_mesh, grid_groups, init_device_mesh
+
+SHAPES = {4: [(4,), (2, 2), (1, 4), (4, 1)], 8: [(2, 2, 2), (2, 4), (8,)]}
+NAMES = ("pp", "dp", "tp")
+
+
+def _names(shape):
+    return NAMES[-len(shape):]
+
+
+def _groups(rank, world_size):
+    problems = []
+    for shape in SHAPES[world_size]:
+        names = _names(shape)
+        stock = stock_mesh("cpu", shape, mesh_dim_names=names)
+        mine = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        case = f"{shape} {names}"
+        if mine.get_coordinate() != list(stock.get_coordinate()):
+            problems.append(f"{case}: coordinate {mine.get_coordinate()} vs {stock.get_coordinate()}")
+        for name in names:
+            want = dist.get_process_group_ranks(stock.get_group(name))
+            got = members(mine.get_group(name))
+            if got != want:
+                problems.append(f"{case} {name}: group {got} vs stock's {want}")
+            if mine[name].mesh.tolist() != stock[name].mesh.tolist():
+                problems.append(f"{case} {name}: slice {mine[name].mesh.tolist()}")
+            if mine.get_local_rank(name) != stock.get_local_rank(name):
+                problems.append(f"{case} {name}: local rank {mine.get_local_rank(name)}")
+            if mine.get_local_rank(name) != dist.get_rank(mine[name].get_group()):
+                problems.append(f"{case} {name}: local rank is not the group rank")
+            here = want.index(rank)
+            expected = (want[here - 1] if here else None,
+                        want[here + 1] if here + 1 < len(want) else None)
+            if mine.neighbours(name) != expected:
+                problems.append(f"{case} {name}: neighbours {mine.neighbours(name)}")
+    return problems
+
+
+TP_PLAN = {"attn.q": "col", "attn.k": "col", "attn.v": "col", "attn.o": "row",
+           "mlp.up": "col", "mlp.down": "row"}
+# Sequence parallel: LayerNorms on each tp rank's tokens, gathered before the column splits.
+SP_PLAN = {"ln1": "sp", "attn": "gather", "attn.q": "col", "attn.k": "col", "attn.v": "col",
+           "attn.o": "row-sp", "ln2": "sp", "mlp": "gather", "mlp.up": "col", "mlp.down": "row-sp"}
+
+
+def _plan(library, plan):
+    tp = {"stock": stock_tp, "minddp": minddp.tp}[library]
+    sp = {"stock": stock_tp, "minddp": minddp.sp}[library]
+    styles = {"col": lambda: tp.ColwiseParallel(), "row": lambda: tp.RowwiseParallel(),
+              "row-sp": lambda: tp.RowwiseParallel(output_layouts=Shard(1)),
+              "sp": lambda: sp.SequenceParallel(),
+              "gather": lambda: sp.PrepareModuleInput(input_layouts=(Shard(1),),
+                                                      desired_input_layouts=(Replicate(),))}
+    return {name: styles[style]() for name, style in plan.items()}
+
+
+def _local(t):
+    """This rank's part, as stock holds it (a Partial gradient made whole first)."""
+    if isinstance(t, DTensor):
+        if any(p.is_partial() for p in t.placements):
+            t = t.redistribute(placements=[Replicate()] * len(t.placements))
+        return t.to_local()
+    return t
+
+
+PARALLELIZE = {"stock": stock_tp.parallelize_module, "minddp": minddp.tp.parallelize_module}
+MESH = {"stock": stock_mesh, "minddp": init_device_mesh}
+
+
+def _ddp(who, model, mesh):
+    return {"stock": DDP, "minddp": ManualDDP}[who](model, device_mesh=mesh["dp"])
+
+
+def _fsdp(who, model, mesh):
+    shard = {"stock": stock_fully_shard, "minddp": minddp.fully_shard}[who]
+    for block in model:
+        shard(block, mesh=mesh["dp"])
+    return shard(model, mesh=mesh["dp"])
+
+
+# name: (tp plan, the data-parallel wrapper, each tp rank its slice of the sequence)
+COMPOSITIONS = {"ddp x tp": (TP_PLAN, _ddp, False), "fsdp x tp+sp": (SP_PLAN, _fsdp, True)}
+
+
+def _composition(rank, world_size, name, steps=3):
+    """A data-parallel wrapper over dp of TP over tp: parallelize_module first, as torchtitan."""
+    plan, wrap, sequence = COMPOSITIONS[name]
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(Block(), Block())
+    models, optimizers = {}, {}
+    for who in ("stock", "minddp"):
+        mesh = MESH[who]("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        model = copy.deepcopy(base)
+        for block in model:
+            PARALLELIZE[who](block, mesh["tp"], _plan(who, plan))
+        models[who] = wrap(who, model, mesh)
+        optimizers[who] = torch.optim.AdamW(models[who].parameters(), lr=1e-2, foreach=False)
+    dp_rank, tp_rank = mesh.get_coordinate()
+    verdicts = []
+    for step in range(steps):
+        # each dp rank its own batch; the tp ranks of one dp rank share it
+        x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(100 * step + dp_rank))
+        if sequence:
+            x = x.chunk(2, 1)[tp_rank].contiguous()
+        seen = {}
+        for who, model in models.items():
+            optimizers[who].zero_grad()
+            loss = (model(x) ** 2).mean()
+            loss.backward()
+            grads = {n: _local(p.grad) for n, p in model.named_parameters()}
+            optimizers[who].step()
+            weights = {n: _local(p).detach().clone() for n, p in model.named_parameters()}
+            seen[who] = (loss.detach(), grads, weights)
+        (l_s, g_s, w_s), (l_m, g_m, w_m) = seen["stock"], seen["minddp"]
+        differ = ([] if torch.equal(l_s, l_m) else ["loss"]) + \
+                 [f"grad {n}" for n in g_s if not torch.equal(g_s[n], g_m[n])] + \
+                 [f"weight {n}" for n in w_s if not torch.equal(w_s[n], w_m[n])]
+        verdicts.append(differ[:3] or "equal")
+    return verdicts
+
+
+def _four(rank, world_size):
+    cases = {name: _composition(rank, world_size, name) for name in COMPOSITIONS}
+    return {"groups": _groups(rank, world_size), **cases}
+
+
+share_spawn(_four, [4])
+share_spawn(_groups, [8])
+
+
+def test_mesh_groups_are_init_device_meshs_at_4_ranks():
+    for rank, result in enumerate(shared_results(_four, 4)):
+        assert result["groups"] == [], f"rank {rank}"
+
+
+def test_mesh_groups_are_init_device_meshs_at_8_ranks():
+    for rank, problems in enumerate(shared_results(_groups, 8)):
+        assert problems == [], f"rank {rank}"
+
+
+@pytest.mark.parametrize("name", list(COMPOSITIONS))
+def test_a_composition_on_a_2d_mesh_is_bitwise_stocks(name):
+    for rank, result in enumerate(shared_results(_four, 4)):
+        assert result[name] == ["equal"] * 3, f"{name}, rank {rank}"
+
+
+def test_grid_groups_are_lines_through_the_grid():
+    assert grid_groups((2, 2), 0) == [[0, 2], [1, 3]]  # dp: columns
+    assert grid_groups((2, 2), 1) == [[0, 1], [2, 3]]  # tp: rows
+    assert grid_groups((2, 2, 2), 0) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    # every dimension's groups cover every rank exactly once
+    for shape in itertools.chain(*SHAPES.values()):
+        for dim in range(len(shape)):
+            ranks = sorted(sum(grid_groups(shape, dim), []))
+            assert ranks == list(range(math.prod(shape))), (shape, dim)
+
+
+@pytest.mark.parametrize("shape, names, world_size, message", [
+    ((2, 2), ("dp", "tp"), 8, "a mesh of dp=2, tp=2 holds 4 ranks, but the world has 8"),
+    ((2, 2), ("dp",), 4, "mesh_dim_names has 1 names for a 2-D mesh (dp=2, ?=2)"),
+    ((2, 2), ("dp", "dp"), 4, "mesh dimension names repeat: ('dp', 'dp')"),
+    ((0, 4), ("dp", "tp"), 4, "mesh shape (0, 4): every dimension needs at least one rank"),
+])
+def test_a_mesh_that_does_not_fit_is_one_line_before_any_group(shape, names, world_size, message):
+    with pytest.raises(UsageError) as error:
+        check_mesh(shape, names, world_size)
+    assert error.value.message == message
+    assert error.value.same_on_every_rank
+
+
+def test_an_unknown_dimension_names_the_known_ones():
+    mesh = DeviceMesh("cpu", (2, 2), ("dp", "tp"), groups=[None, None], rank=3)
+    assert mesh.get_coordinate() == [1, 1]
+    assert mesh["tp"].mesh.tolist() == [2, 3]
+    with pytest.raises(UsageError, match=r"mesh dimension 'pp' is not one of \('dp', 'tp'\)"):
+        mesh["pp"]
+    with pytest.raises(UsageError, match="get_group\\(\\) on a 2-D mesh"):
+        mesh.get_group()
