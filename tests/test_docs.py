@@ -143,3 +143,21 @@ def test_every_command_in_the_docs_parses(where, program, args):
     for flag in (w.split("=")[0] for w in words if w.startswith("--")):
         assert re.search(rf"(^|[\s,\[]){re.escape(flag)}\b", text), \
             f"{where}: {program} has no flag {flag}"
+
+
+def test_write_sizes_mends_a_size_that_drifted(tmp_path):
+    # `minddp lessons --write-sizes` on a copy whose README quotes a wrong size and count
+    from minddp.tools.course import write_sizes
+    import shutil
+    shutil.copytree(REPO / "docs", tmp_path / "docs")
+    for folder in ("minddp", "examples"):
+        (tmp_path / folder).symlink_to(REPO / folder)
+    readme = (REPO / "README.md").read_text()
+    wrong = re.sub(r"`minddp/dropin/ddp.py` \(\d+", "`minddp/dropin/ddp.py` (1", readme)
+    wrong = re.sub(r"\d+ files, \d+ lines in all", "1 files, 2 lines in all", wrong)
+    assert wrong != readme
+    (tmp_path / "README.md").write_text(wrong)
+    write_sizes(tmp_path)
+    assert (tmp_path / "README.md").read_text() == readme
+    for doc in (REPO / "docs").glob("*.md"):
+        assert (tmp_path / "docs" / doc.name).read_text() == doc.read_text(), doc.name

@@ -3,6 +3,7 @@
     minddp lessons                            # the table, in markdown
     minddp lessons --check docs/course.md     # exit 1 if the doc's table is not the files'
     minddp lessons --write docs/course.md     # put the files' table between the doc's markers
+    minddp lessons --write-sizes              # the sizes README.md and docs/ quote, made again
 
 Only the order is written here. A row's idea is its file's own first docstring line and its
 size the file's line count, so the table cannot drift from the code, and a new lesson adds
@@ -12,6 +13,7 @@ one name below, not a paragraph to the README.
 import argparse
 import ast
 import pathlib
+import re
 import sys
 
 ORDER = [
@@ -30,6 +32,8 @@ ORDER = [
     "minddp/tp_ops.py", "minddp/tp.py", "minddp/sp.py", "minddp/tp_plan.py", "examples/tp.py",
     # pipeline parallelism, elastic training
     "minddp/pp.py", "examples/pipeline.py", "minddp/elastic.py", "examples/elastic.py",
+    # composing them: every parallelism on one grid of ranks
+    "minddp/mesh.py",
     # features and failures, each a small diff of manual_ddp.py
     "examples/accumulate.py", "examples/restart.py", "examples/uneven.py",
     "examples/break_ddp.py", "examples/break_fsdp.py", "examples/break_tp.py",
@@ -56,11 +60,32 @@ def in_doc(text):
     return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
 
 
+def write_sizes(root=ROOT):
+    """Rewrite every "`path` (N" size in README.md and docs/*.md, and the README's count of
+    the lessons, from the files as they are (tests/test_docs.py checks them)."""
+    def size(match):
+        lines = len((root / match.group(1)).read_text().splitlines())
+        return f"`{match.group(1)}` ({lines}"
+    lessons = [p for p in (root / "minddp").glob("*.py") if not p.name.startswith("__")]
+    count = (f"{len(lessons)} files, "
+             f"{sum(len(p.read_text().splitlines()) for p in lessons)} lines in all")
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        text = re.sub(r"`((?:minddp|examples)/[\w/]+\.py)` \((\d+)", size, doc.read_text())
+        if doc.name == "README.md":
+            text = re.sub(r"\d+ files, \d+ lines in all", count, text)
+        doc.write_text(text)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="minddp lessons", description=__doc__.splitlines()[0])
     parser.add_argument("--check", metavar="DOC", help="compare DOC's table with the files")
     parser.add_argument("--write", metavar="DOC", help="write the table between DOC's markers")
+    parser.add_argument("--write-sizes", action="store_true",
+                        help="rewrite the file sizes quoted in README.md and docs/")
     args = parser.parse_args(argv)
+    if args.write_sizes:
+        write_sizes()
+        return 0
     if args.write:
         doc = pathlib.Path(args.write)
         text = doc.read_text()
