@@ -10,8 +10,9 @@ variables. Two of them are easy to mix up:
     LOCAL_RANK  the rank on this machine, 0..LOCAL_WORLD_SIZE-1:     picks the GPU (cuda:LOCAL_RANK)
 
 The lesson's script uses LOCAL_RANK for both, which is right on one machine and wrong
-on two: both machines would have a "rank 0" that saves. The end of a run, the group freed
-last and every rank out: teardown.py.
+on two: both machines would have a "rank 0" that saves. Where the ranks meet before the
+group exists: rendezvous.py. The end of a run, the group freed last and every rank out:
+teardown.py.
 """
 
 import datetime
@@ -25,9 +26,9 @@ import torch._dynamo  # noqa: F401  (before any group: see the comment in ddp_se
 import torch.distributed as dist
 
 from .backends import choose_backend
+from .rendezvous import meeting_store
 
 DEFAULT_TIMEOUT_S = 120
-ARRIVAL_TIMEOUT = datetime.timedelta(minutes=10)  # the longest a rank waits for its peers to start
 
 
 @dataclass(frozen=True)
@@ -76,29 +77,8 @@ def ddp_setup(backend="auto", device="auto", timeout=DEFAULT_TIMEOUT_S):
     bind = ({"device_id": env.device} if backend == "nccl"
             and "device_id" in inspect.signature(dist.init_process_group).parameters else {})
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
-                            store=_store(rank, world_size), **bind)  # the lesson's call
+                            store=meeting_store(rank, world_size), **bind)  # rendezvous.py
     return env
-
-
-def _store(rank, world_size):
-    """Where the ranks meet: torchrun's address (env://), or, alone, an in-process store."""
-    if "WORLD_SIZE" not in os.environ:
-        return dist.HashStore()  # one process meets nobody: no port needed
-    if sys.platform == "win32":
-        os.environ["USE_LIBUV"] = "0"  # Windows builds ship the TCP store without libuv
-    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=ARRIVAL_TIMEOUT))
-    # After a restart (torchrun --max-restarts) the workers meet in torchrun's store, which
-    # holds the dead attempt's keys: gloo would dial the old peers. Each attempt gets its own
-    # prefix. A store started anew each round (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) needs
-    # none, and must have none: a node that joins later counts attempts from 0, others not.
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        store = dist.PrefixStore(f"minddp/attempt{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
-    # Wait here until every rank has arrived: `timeout` is for a peer that stops taking part,
-    # not for one still importing torch on a busy machine (17 s, measured at load 14).
-    if store.add("arrived", 1) == world_size:
-        store.set("all arrived", "yes")
-    store.wait(["all arrived"])
-    return store
 
 
 def get_rank():  # the global rank, with or without a process group

@@ -21,7 +21,8 @@ ORDER = [
     "examples/devices.py", "examples/single_device.py", "examples/stock_ddp.py",
     "examples/manual_ddp.py",
     # data parallelism by hand
-    "minddp/usage_error.py", "minddp/backends.py", "minddp/launch.py", "minddp/groups.py",
+    "minddp/usage_error.py", "minddp/backends.py", "minddp/launch.py", "minddp/rendezvous.py",
+    "minddp/groups.py",
     "minddp/sampler.py",
     "minddp/broadcast.py", "minddp/grad_hooks.py", "minddp/naive.py", "minddp/bucket_layout.py",
     "minddp/bucketed.py", "minddp/teardown.py",
