@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DeviceMesh, DTensor, Shard
 from torch.utils._pytree import tree_flatten
 
-from .fsdp_param import Param, attach_unit, unit_of
-from .grad_hooks import at_end_of_backward
+from .fsdp_param import Param, attach_unit, owned_by, unit_of
+from .grad_hooks import after_backward_of, at_end_of_backward
 from .groups import global_rank
 
 
@@ -57,10 +57,7 @@ class Unit:
 
     def owned_parameters(self):
         """(name, [(module, attribute)], parameter) for the parameters not in an inner unit."""
-        return [(f"{prefix}.{attr}".lstrip("."), [(owner, attr)], param)
-                for prefix, owner in self.module.named_modules()
-                if not any(owner is m for unit in self.inner for m in unit.module.modules())
-                for attr, param in owner.named_parameters(recurse=False)]
+        return owned_by(self.module, [unit.module for unit in self.inner])
 
     @torch.no_grad()
     def shard(self, name, users, param):
@@ -121,12 +118,9 @@ class Unit:
 
     def _pre_forward(self, module, args, kwargs):
         self.unshard()
-        inputs = [t for t in tree_flatten((args, kwargs))[0] if getattr(t, "requires_grad", 0)]
-        if inputs and torch.is_grad_enabled():
-            # Gradients reach the unit's inputs last: when all have come, its backward is done.
-            unit = weakref.ref(self)  # (autograd may hold a hook longer than the model lives)
-            hook = torch.autograd.graph.register_multi_grad_hook
-            hook(inputs, lambda _: unit().post_backward())
+        # Gradients reach the unit's inputs last: when all have come, its backward is done.
+        unit = weakref.ref(self)  # (autograd may hold the node longer than the model lives)
+        return after_backward_of((args, kwargs), lambda: unit().post_backward())  # grad_hooks
 
     def _post_forward(self, module, args, output):
         if self.reshard_after_forward:
@@ -164,6 +158,9 @@ class Unit:
         self._callback_queued = False
         for unit in reversed(self.units):
             unit.post_backward()
+            # Done for this backward: the next one (a pipeline's next microbatch, whose
+            # forward may have run long before) starts anew.
+            unit._backward_done = False
 
     @torch.no_grad()
     def reduce_scatter(self, params, grads):

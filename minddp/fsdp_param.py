@@ -40,3 +40,12 @@ def attach_unit(module, unit):
 def unit_of(module):
     """The Unit fully_shard made of `module`, or None."""
     return getattr(module, "_fsdp_unit", None)
+
+
+def owned_by(module, inner):
+    """(name, [(module, attribute)], parameter) for `module`'s parameters outside the modules
+    `inner` (the inner units' modules: each holds its own)."""
+    return [(f"{prefix}.{attr}".lstrip("."), [(owner, attr)], param)
+            for prefix, owner in module.named_modules()
+            if not any(owner is m for unit in inner for m in unit.modules())
+            for attr, param in owner.named_parameters(recurse=False)]

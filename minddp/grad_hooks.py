@@ -8,6 +8,8 @@ Two things from autograd tell them when:
       backward's gradient, plus whatever no_sync() accumulated: the tensor the optimizer reads
   at_end_of_backward(fn)   fn() runs once, when the whole backward has finished: the moment
       to check that every gradient came, and to wait for what is still in flight
+  after_backward_of(inputs, fn)   fn() runs once the gradients of a module's inputs (and
+      so of all its weights) are done: FSDP's moment to reduce a unit's gradients
 And two rules: a hook holds its wrapper weakly (weakly), and a parameter that got no
 gradient is named at the end of backward (missing_gradients_error), never waited for.
 """
@@ -15,6 +17,7 @@ gradient is named at the end of backward (missing_gradients_error), never waited
 import weakref
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .usage_error import UsageError
 
@@ -44,3 +47,35 @@ def missing_gradients_error(missing):
                       hint="use it in forward so it reaches the loss, or freeze it with"
                            " requires_grad_(False) before wrapping the model (or pass"
                            " find_unused_parameters=True to ManualDDP, as to stock DDP)")
+
+
+def after_backward_of(inputs, fn):
+    """`inputs` (any nest of args), each tensor that needs a gradient passed through one
+    autograd node whose backward calls fn(), once: after the gradients of all of them.
+
+    Returns the new nest, for the module to compute with, or None if nothing needs a gradient.
+    Why a node and not a hook on the tensors: a hook on a leaf input (a pipeline stage's
+    received activation) may run before autograd has accumulated the weights' gradients;
+    a node made before the module's forward runs after all of them (stock does the same).
+    """
+    flat, spec = tree_flatten(inputs)
+    chosen = [i for i, t in enumerate(flat) if torch.is_tensor(t) and t.requires_grad]
+    if not chosen or not torch.is_grad_enabled():
+        return None
+    passed = _CallAfterBackward.apply(fn, *[flat[i] for i in chosen])
+    for i, tensor in zip(chosen, passed):
+        flat[i] = tensor
+    return tree_unflatten(flat, spec)
+
+
+class _CallAfterBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, fn, *tensors):
+        ctx.fn = fn
+        ctx.set_materialize_grads(False)  # an input that gets no gradient keeps None
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.fn()
+        return (None, *grads)

@@ -10,8 +10,9 @@ the rank before). In the order they appear below:
   stage_layers    which layers stage s holds: an nn.Sequential cut evenly
   PipelineStage   one stage: forward one microbatch (recv, compute, send), backward one
                   (recv its output's gradient, backward, send its input's gradient)
-  gpipe, one_f_one_b   a schedule written out as the actions of each stage: F0 F1 .. B0 ..
-  Schedule        one loop that runs any such list; step() cuts the batch, as stock's does
+  Schedule        one loop that runs a schedule, the list of a stage's actions (F0 F1 .. B0
+                  ..: pp_schedules.py); step() cuts the batch, as stock's does; a stage
+                  that is data-parallel too (fully_shard) reduces its gradients once
 A stage idles until its first activation arrives, and again until its first gradient: the
 bubble, (p-1)/(m+p-1) of a step with p stages. GPipe keeps all m microbatches' activations
 until backward; 1F1B starts each backward as early as it can and keeps at most p - s.
@@ -25,6 +26,7 @@ import torch.distributed as dist
 
 from .usage_error import UsageError
 from .groups import global_rank
+from .pp_schedules import gpipe, one_f_one_b
 
 MAX_DIMS = 8  # an activation's shape travels in a header of this many numbers
 
@@ -107,25 +109,6 @@ class PipelineStage:
         return tensor
 
 
-def gpipe(stage_index, num_stages, n):
-    """GPipe: every forward, then every backward (all n activations alive at the turn)."""
-    return [("F", i) for i in range(n)] + [("B", i) for i in range(n)]
-
-
-def one_f_one_b(stage_index, num_stages, n):
-    """1F1B: a warm-up of forwards (as stock: num_stages - stage_index of them), then one
-    backward, one forward, ..., then the backwards left. At most that many alive at once."""
-    warmup = min(n, num_stages - stage_index)
-    actions, forwards, backwards = [("F", i) for i in range(warmup)], warmup, 0
-    while backwards < n:
-        actions.append(("B", backwards))
-        backwards += 1
-        if forwards < n:
-            actions.append(("F", forwards))
-            forwards += 1
-    return actions
-
-
 class Schedule:
     """Runs one stage's list of actions for one batch: step() as stock's schedules."""
 
@@ -141,13 +124,16 @@ class Schedule:
         inputs = self._split(args[0]) if stage.is_first else [None] * n
         targets = self._split(target) if stage.is_last else None
         loss, outputs = {}, []
-        for kind, i in self.actions(stage.index, stage.num_stages, n):
+        actions = self.actions(stage.index, stage.num_stages, n)
+        last = max(j for j, (kind, _) in enumerate(actions) if kind == "B")
+        for j, (kind, i) in enumerate(actions):
             if kind == "F":
                 output = stage.forward_one(i, inputs[i])
                 if stage.is_last:
                     loss[i] = self.loss_fn(output, targets[i])
                     outputs.append(output.detach())
             else:
+                sync_gradients(stage.submod, j == last)
                 stage.backward_one(i, loss.get(i))
         for _, work in stage.sending:
             work.wait()
@@ -168,6 +154,17 @@ class Schedule:
                              hint="pass the batch (first stage) and target (last stage), with"
                                   " a batch size that n_microbatches divides")
         return batch.chunk(self.n)
+
+
+def sync_gradients(module, last):
+    """A stage that is data-parallel too sums its microbatches' gradients, and reduces the
+    sum over its data-parallel ranks in its last backward only, as stock's schedules do."""
+    if hasattr(module, "set_requires_gradient_sync"):  # fully_shard's (stock's names)
+        module.set_requires_gradient_sync(last)
+        module.set_reshard_after_backward(last)  # the weights stay gathered until then
+    elif hasattr(module, "no_sync"):  # DDP decides at forward time: not the pipeline's way
+        raise UsageError("a pipeline stage wrapped in DDP: minddp's pipeline syncs fully_shard"
+                         " stages only", hint="fully_shard the stage over the dp dimension")
 
 
 class ScheduleGPipe(Schedule):

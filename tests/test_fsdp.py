@@ -75,7 +75,10 @@ def tied():  # a language model whose output layer is its embedding: one weight,
 MODELS = {"mlp": (mlp, lambda m: [m[0], m[2], m[4]]),
           "lm": (TinyLM, lambda m: list(m.blocks)),
           "tied": (tied, lambda m: list(m.blocks)),  # the tied weight in the root unit
-          "frozen": (frozen, lambda m: [m[0], m[2]])}
+          "frozen": (frozen, lambda m: [m[0], m[2]]),
+          # the input itself needs a gradient (a leaf): a pipeline stage's received
+          # activation, or a saliency map; the first unit's weights must still be reduced
+          "mlp-input-grad": (mlp, lambda m: [m[0], m[2], m[4]])}
 OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "foreach": False}),
               "adamw": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1, "foreach": False})}
 
@@ -85,7 +88,8 @@ def _batch(name, step, rank):
     if name in ("lm", "tied"):
         idx = torch.randint(0, 11, (3, 5), generator=g)
         return idx, torch.randint(0, 11, (3, 5), generator=g)
-    return torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
+    x, y = torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
+    return (x.requires_grad_() if name == "mlp-input-grad" else x), y
 
 
 def _loss(name, out, target):
@@ -136,7 +140,9 @@ CASES = [("mlp", "sgd", True, False, "minddp"), ("mlp", "adamw", True, False, "m
          ("frozen", "sgd", True, False, "minddp"), ("frozen", "adamw", False, False, "minddp"),
          ("mlp", "adamw", True, True, "minddp"), ("lm", "adamw", True, True, "minddp"),
          ("lm", "sgd", False, True, "minddp"), ("tied", "adamw", True, False, "minddp"),
-         ("mlp", "adamw", True, False, "lesson"), ("lm", "sgd", False, False, "lesson")]
+         ("mlp", "adamw", True, False, "lesson"), ("lm", "sgd", False, False, "lesson"),
+         ("mlp-input-grad", "adamw", True, False, "minddp"),
+         ("mlp-input-grad", "sgd", False, False, "lesson")]
 
 
 def _case_id(case):

@@ -4,10 +4,11 @@
 
 One spawn of 4 ranks (and one of 8) builds stock's mesh and minddp's for every shape of that
 world size and compares, dimension by dimension, the ranks of this rank's group, its slice,
-its coordinates and its place in each group. On the same spawn, compositions of lessons on a
-(dp=2, tp=2) mesh train beside stock's same composition from the same weights and batches;
-after each of 3 AdamW steps the loss, every gradient (this rank's part, as stock holds it) and
-every weight must be torch.equal on every rank.
+its coordinates and its place in each group. On the same spawn, compositions of lessons on
+2-D meshes of 4 ranks train beside stock's same composition from the same weights and
+batches: DDP (dp) x TP (tp), FSDP (dp) x TP with sequence parallel (tp), PP (pp) x FSDP (dp).
+After each of 3 AdamW steps the loss, every gradient (this rank's part, as stock holds it)
+and every weight must be torch.equal on every rank.
 """
 
 import copy
@@ -18,12 +19,14 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh as stock_mesh
+from torch.distributed import pipelining as stock_pipelining
 from torch.distributed.fsdp import fully_shard as stock_fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor import parallel as stock_tp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers import share_spawn, shared_results
+import minddp.pp
 import minddp.sp
 import minddp.tp
 import minddp
@@ -151,8 +154,60 @@ def _composition(rank, world_size, name, steps=3):
     return verdicts
 
 
+def _pp_x_fsdp(rank, world_size, steps=3, n_microbatches=4):
+    """PP over pp, FSDP over dp: each stage's layers fully_shard-ed on its dp group, as
+    torchtitan: split into stages first, then parallelize each stage."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(),
+              torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)]
+    base = torch.nn.Sequential(*layers)
+    library = {"stock": (stock_pipelining, stock_fully_shard),
+               "minddp": (minddp.pp, minddp.fully_shard)}
+    schedules, models, optimizers = {}, {}, {}
+    for who, (pipelining, shard) in library.items():
+        mesh = MESH[who]("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+        pp_rank, dp_rank = mesh.get_coordinate()
+        stage_module = copy.deepcopy(minddp.pp.stage_layers(base, pp_rank, 2))
+        for layer in stage_module:
+            if list(layer.parameters()):
+                shard(layer, mesh=mesh["dp"])
+        shard(stage_module, mesh=mesh["dp"])
+        stage = pipelining.PipelineStage(stage_module, pp_rank, 2, torch.device("cpu"),
+                                         group=mesh["pp"].get_group())
+        schedules[who] = pipelining.ScheduleGPipe(stage, n_microbatches,
+                                                  loss_fn=torch.nn.functional.mse_loss)
+        models[who] = stage_module
+        optimizers[who] = torch.optim.AdamW(stage_module.parameters(), lr=1e-2, foreach=False)
+    verdicts = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 * step + dp_rank)  # each dp rank its own batch
+        x, y = torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g)
+        seen = {}
+        for who, schedule in schedules.items():
+            optimizers[who].zero_grad()
+            losses = []
+            if pp_rank == 0:
+                schedule.step(x)
+            else:
+                schedule.step(target=y, losses=losses)
+            grads = {n: _local(p.grad) for n, p in models[who].named_parameters()}
+            optimizers[who].step()
+            weights = {n: _local(p).detach().clone() for n, p in models[who].named_parameters()}
+            seen[who] = (torch.stack(losses) if losses else None, grads, weights)
+        (l_s, g_s, w_s), (l_m, g_m, w_m) = seen["stock"], seen["minddp"]
+        differ = ([] if (l_s is None and l_m is None) or torch.equal(l_s, l_m) else ["loss"]) + \
+                 [f"grad {n}" for n in g_s if not torch.equal(g_s[n], g_m[n])] + \
+                 [f"weight {n}" for n in w_s if not torch.equal(w_s[n], w_m[n])]
+        verdicts.append(differ[:3] or "equal")
+    return verdicts
+
+
+CASES = [*COMPOSITIONS, "pp x fsdp"]
+
+
 def _four(rank, world_size):
     cases = {name: _composition(rank, world_size, name) for name in COMPOSITIONS}
+    cases["pp x fsdp"] = _pp_x_fsdp(rank, world_size)
     return {"groups": _groups(rank, world_size), **cases}
 
 
@@ -170,7 +225,7 @@ def test_mesh_groups_are_init_device_meshs_at_8_ranks():
         assert problems == [], f"rank {rank}"
 
 
-@pytest.mark.parametrize("name", list(COMPOSITIONS))
+@pytest.mark.parametrize("name", CASES)
 def test_a_composition_on_a_2d_mesh_is_bitwise_stocks(name):
     for rank, result in enumerate(shared_results(_four, 4)):
         assert result[name] == ["equal"] * 3, f"{name}, rank {rank}"

@@ -132,7 +132,8 @@ class Unit(fsdp.Unit):
             if torch.is_grad_enabled():  # (reentrant: the first forward ran without autograd)
                 self._backward_done = False  # reduced at the end of backward
             return args, kwargs
-        super()._pre_forward(module, args, kwargs)  # the backward hook sees the cast inputs
+        # (the node that reduces after backward sees the cast inputs)
+        args, kwargs = super()._pre_forward(module, args, kwargs) or (args, kwargs)
         for unit in self.forward_prefetch:
             prefetch(unit)  # gathered while this unit computes
         return args, kwargs
