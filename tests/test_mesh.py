@@ -146,11 +146,7 @@ def _composition(rank, world_size, name, steps=3):
             optimizers[who].step()
             weights = {n: _local(p).detach().clone() for n, p in model.named_parameters()}
             seen[who] = (loss.detach(), grads, weights)
-        (l_s, g_s, w_s), (l_m, g_m, w_m) = seen["stock"], seen["minddp"]
-        differ = ([] if torch.equal(l_s, l_m) else ["loss"]) + \
-                 [f"grad {n}" for n in g_s if not torch.equal(g_s[n], g_m[n])] + \
-                 [f"weight {n}" for n in w_s if not torch.equal(w_s[n], w_m[n])]
-        verdicts.append(differ[:3] or "equal")
+        verdicts.append(_differ(seen))
     return verdicts
 
 
@@ -194,15 +190,63 @@ def _pp_x_fsdp(rank, world_size, steps=3, n_microbatches=4):
             optimizers[who].step()
             weights = {n: _local(p).detach().clone() for n, p in models[who].named_parameters()}
             seen[who] = (torch.stack(losses) if losses else None, grads, weights)
-        (l_s, g_s, w_s), (l_m, g_m, w_m) = seen["stock"], seen["minddp"]
-        differ = ([] if (l_s is None and l_m is None) or torch.equal(l_s, l_m) else ["loss"]) + \
-                 [f"grad {n}" for n in g_s if not torch.equal(g_s[n], g_m[n])] + \
-                 [f"weight {n}" for n in w_s if not torch.equal(w_s[n], w_m[n])]
-        verdicts.append(differ[:3] or "equal")
+        verdicts.append(_differ(seen))
     return verdicts
 
 
 CASES = [*COMPOSITIONS, "pp x fsdp"]
+
+
+def _pp_x_fsdp_x_tp(rank, world_size, steps=3, n_microbatches=2):
+    """3-D, as torchtitan: split into stages (pp), TP on each stage's blocks (tp), then
+    fully_shard (dp). Tiny sizes: 8 processes on 2 cores."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(*(Block() for _ in range(4)))
+    library = {"stock": (stock_pipelining, stock_fully_shard),
+               "minddp": (minddp.pp, minddp.fully_shard)}
+    schedules, models, optimizers = {}, {}, {}
+    for who, (pipelining, shard) in library.items():
+        mesh = MESH[who]("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
+        pp_rank, dp_rank, _ = mesh.get_coordinate()
+        stage_module = copy.deepcopy(minddp.pp.stage_layers(base, pp_rank, 2))
+        for block in stage_module:
+            PARALLELIZE[who](block, mesh["tp"], _plan(who, TP_PLAN))
+            shard(block, mesh=mesh["dp"])
+        shard(stage_module, mesh=mesh["dp"])
+        stage = pipelining.PipelineStage(stage_module, pp_rank, 2, torch.device("cpu"),
+                                         group=mesh["pp"].get_group())
+        schedules[who] = pipelining.Schedule1F1B(stage, n_microbatches,
+                                                 loss_fn=torch.nn.functional.mse_loss)
+        models[who] = stage_module
+        optimizers[who] = torch.optim.AdamW(stage_module.parameters(), lr=1e-2, foreach=False)
+    verdicts = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 * step + dp_rank)  # each dp rank its own batch
+        x, y = torch.randn(4, 8, 16, generator=g), torch.randn(4, 8, 16, generator=g)
+        seen = {}
+        for who, schedule in schedules.items():
+            optimizers[who].zero_grad()
+            losses = []
+            if pp_rank == 0:
+                schedule.step(x)
+            else:
+                schedule.step(target=y, losses=losses)
+            grads = {n: _local(p.grad) for n, p in models[who].named_parameters()}
+            optimizers[who].step()
+            weights = {n: _local(p).detach().clone() for n, p in models[who].named_parameters()}
+            seen[who] = (torch.stack(losses) if losses else None, grads, weights)
+        verdicts.append(_differ(seen))
+    return verdicts
+
+
+def _differ(seen):
+    """The first three differences between stock's (loss, grads, weights) and minddp's."""
+    (l_s, g_s, w_s), (l_m, g_m, w_m) = seen["stock"], seen["minddp"]
+    same_loss = (l_s is None and l_m is None) or torch.equal(l_s, l_m)
+    differ = ([] if same_loss else ["loss"]) + \
+             [f"grad {n}" for n in g_s if not torch.equal(g_s[n], g_m[n])] + \
+             [f"weight {n}" for n in w_s if not torch.equal(w_s[n], w_m[n])]
+    return differ[:3] or "equal"
 
 
 def _four(rank, world_size):
@@ -211,8 +255,12 @@ def _four(rank, world_size):
     return {"groups": _groups(rank, world_size), **cases}
 
 
+def _eight(rank, world_size):
+    return {"groups": _groups(rank, world_size), "pp x fsdp x tp": _pp_x_fsdp_x_tp(rank, world_size)}
+
+
 share_spawn(_four, [4])
-share_spawn(_groups, [8])
+share_spawn(_eight, [8])
 
 
 def test_mesh_groups_are_init_device_meshs_at_4_ranks():
@@ -221,8 +269,13 @@ def test_mesh_groups_are_init_device_meshs_at_4_ranks():
 
 
 def test_mesh_groups_are_init_device_meshs_at_8_ranks():
-    for rank, problems in enumerate(shared_results(_groups, 8)):
-        assert problems == [], f"rank {rank}"
+    for rank, result in enumerate(shared_results(_eight, 8)):
+        assert result["groups"] == [], f"rank {rank}"
+
+
+def test_pp_x_fsdp_x_tp_on_a_3d_mesh_is_bitwise_stocks():
+    for rank, result in enumerate(shared_results(_eight, 8)):
+        assert result["pp x fsdp x tp"] == ["equal"] * 3, f"rank {rank}"
 
 
 @pytest.mark.parametrize("name", CASES)
