@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from minddp import (ManualDDP, NeuralNetwork, check_replicas, ddp_setup, ddp_teardown,
                     exit_on_failure, exit_on_usage_error, print0)
-from minddp.run.errors import CollectiveFailure
+from minddp.run.errors import CollectiveFailure, is_collective_failure
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -55,9 +55,12 @@ def main(env, args):
         everyone = [None] * env.world_size
         dist.all_gather_object(everyone, steps)  # collective: what each rank did
     except RuntimeError as err:
-        if "Timed out" not in str(err) and "timed out" not in str(err):
+        # Whichever rank's timeout runs out first exits: the other then hears "Connection
+        # closed by peer" instead of its own timeout. The cause is the same.
+        if not is_collective_failure(err):
             raise
-        raise CollectiveFailure(f"timed out after this rank's {steps} steps ({len(batches)}"
+        why = "timed out" if "imed out" in str(err) else "a peer gave up"
+        raise CollectiveFailure(f"{why} after this rank's {steps} steps ({len(batches)}"
                                 f" batches here): the ranks took different numbers of steps",
                                 hint="give every rank the same number of batches (ShardSampler"
                                      " does), or train inside `with model.join():` (--join)")

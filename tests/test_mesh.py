@@ -316,3 +316,14 @@ def test_an_unknown_dimension_names_the_known_ones():
         mesh["pp"]
     with pytest.raises(UsageError, match="get_group\\(\\) on a 2-D mesh"):
         mesh.get_group()
+
+
+def test_ddp_takes_a_1d_mesh_and_refuses_what_stock_refuses():
+    from minddp.dropin.checks import group_of
+    mesh = DeviceMesh("cpu", (2, 2), ("dp", "tp"), groups=["dp group", "tp group"], rank=1)
+    assert group_of(None, mesh["dp"]) == "dp group"  # rank 1's dp slice: its group
+    assert group_of("a group", None) == "a group"
+    with pytest.raises(UsageError, match=r"^Only 1D device mesh is supported, but got DeviceMesh"):
+        group_of(None, mesh)
+    with pytest.raises(UsageError, match="^Cannot specify both process_group and device_mesh"):
+        group_of("a group", mesh["dp"])

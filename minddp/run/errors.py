@@ -41,6 +41,11 @@ _COLLECTIVE_FAILURES = ("Timed out", "timed out", "Connection closed by peer",
                         "Watchdog caught collective operation timeout")
 
 
+def is_collective_failure(err):
+    """Did a collective fail because a peer timed out or is gone (not a bug of this rank)?"""
+    return any(marker in str(err) for marker in _COLLECTIVE_FAILURES)
+
+
 class CollectiveFailure(RuntimeError):
     """A collective that did not complete, with what this rank knows of why: exit 1 at once."""
 
