@@ -157,6 +157,9 @@ def test_write_sizes_mends_a_size_that_drifted(tmp_path):
     wrong = re.sub(r"\d+ files, \d+ lines in all", "1 files, 2 lines in all", wrong)
     assert wrong != readme
     (tmp_path / "README.md").write_text(wrong)
+    course = tmp_path / "docs" / "course.md"  # and a reading-order row
+    course.write_text(re.sub(r"(\| `minddp/launch.py` \| )\d+", r"\g<1>1", course.read_text()))
+    assert course.read_text() != (REPO / "docs" / "course.md").read_text()
     write_sizes(tmp_path)
     assert (tmp_path / "README.md").read_text() == readme
     for doc in (REPO / "docs").glob("*.md"):

@@ -62,8 +62,8 @@ def in_doc(text):
 
 
 def write_sizes(root=ROOT):
-    """Rewrite every "`path` (N" size in README.md and docs/*.md, and the README's count of
-    the lessons, from the files as they are (tests/test_docs.py checks them)."""
+    """Rewrite every "`path` (N" size in README.md and docs/*.md, the README's count of the
+    lessons and the reading-order tables, from the files as they are (tests/test_docs.py)."""
     def size(match):
         lines = len((root / match.group(1)).read_text().splitlines())
         return f"`{match.group(1)}` ({lines}"
@@ -74,6 +74,9 @@ def write_sizes(root=ROOT):
         text = re.sub(r"`((?:minddp|examples)/[\w/]+\.py)` \((\d+)", size, doc.read_text())
         if doc.name == "README.md":
             text = re.sub(r"\d+ files, \d+ lines in all", count, text)
+        if in_doc(text) is not None:  # a reading-order table: made again from the files
+            before, rest = text.split(BEGIN, 1)
+            text = before + BEGIN + "\n" + table(root) + END + rest.split(END, 1)[1]
         doc.write_text(text)
 
 
