@@ -150,34 +150,34 @@ def _composition(rank, world_size, name, steps=3):
     return verdicts
 
 
-def _pp_x_fsdp(rank, world_size, steps=3, n_microbatches=4):
-    """PP over pp, FSDP over dp: each stage's layers fully_shard-ed on its dp group, as
-    torchtitan: split into stages first, then parallelize each stage."""
-    torch.manual_seed(0)
-    layers = [torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(),
-              torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)]
-    base = torch.nn.Sequential(*layers)
+def _pipelines(base, shape, names, parallelize, schedule, n_microbatches):
+    """Stock's and minddp's pipeline on a mesh whose first dimension is pp: this rank's
+    stage of `base`, parallelize(who, stage_module, mesh) applied to it, then the schedule."""
     library = {"stock": (stock_pipelining, stock_fully_shard),
                "minddp": (minddp.pp, minddp.fully_shard)}
     schedules, models, optimizers = {}, {}, {}
     for who, (pipelining, shard) in library.items():
-        mesh = MESH[who]("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
-        pp_rank, dp_rank = mesh.get_coordinate()
+        mesh = MESH[who]("cpu", shape, mesh_dim_names=names)
+        pp_rank = mesh.get_local_rank("pp")
         stage_module = copy.deepcopy(minddp.pp.stage_layers(base, pp_rank, 2))
-        for layer in stage_module:
-            if list(layer.parameters()):
-                shard(layer, mesh=mesh["dp"])
+        parallelize(who, stage_module, mesh)
         shard(stage_module, mesh=mesh["dp"])
         stage = pipelining.PipelineStage(stage_module, pp_rank, 2, torch.device("cpu"),
                                          group=mesh["pp"].get_group())
-        schedules[who] = pipelining.ScheduleGPipe(stage, n_microbatches,
-                                                  loss_fn=torch.nn.functional.mse_loss)
+        schedules[who] = getattr(pipelining, schedule)(stage, n_microbatches,
+                                                       loss_fn=torch.nn.functional.mse_loss)
         models[who] = stage_module
         optimizers[who] = torch.optim.AdamW(stage_module.parameters(), lr=1e-2, foreach=False)
+    return schedules, models, optimizers, mesh
+
+
+def _train_pipelines(built, batch_shapes, steps=3):
+    schedules, models, optimizers, mesh = built
+    pp_rank, dp_rank = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
     verdicts = []
     for step in range(steps):
         g = torch.Generator().manual_seed(100 * step + dp_rank)  # each dp rank its own batch
-        x, y = torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g)
+        x, y = (torch.randn(*shape, generator=g) for shape in batch_shapes)
         seen = {}
         for who, schedule in schedules.items():
             optimizers[who].zero_grad()
@@ -192,51 +192,43 @@ def _pp_x_fsdp(rank, world_size, steps=3, n_microbatches=4):
             seen[who] = (torch.stack(losses) if losses else None, grads, weights)
         verdicts.append(_differ(seen))
     return verdicts
+
+
+def _pp_x_fsdp(rank, world_size):
+    """PP over pp, FSDP over dp: each stage's layers fully_shard-ed on its dp group, as
+    torchtitan: split into stages first, then parallelize each stage. GPipe."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16),
+                               torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                               torch.nn.Linear(16, 4))
+
+    def parallelize(who, stage_module, mesh):
+        shard = {"stock": stock_fully_shard, "minddp": minddp.fully_shard}[who]
+        for layer in stage_module:
+            if list(layer.parameters()):
+                shard(layer, mesh=mesh["dp"])
+
+    built = _pipelines(base, (2, 2), ("pp", "dp"), parallelize, "ScheduleGPipe", 4)
+    return _train_pipelines(built, [(8, 8), (8, 4)])
 
 
 CASES = [*COMPOSITIONS, "pp x fsdp"]
 
 
-def _pp_x_fsdp_x_tp(rank, world_size, steps=3, n_microbatches=2):
+def _pp_x_fsdp_x_tp(rank, world_size):
     """3-D, as torchtitan: split into stages (pp), TP on each stage's blocks (tp), then
-    fully_shard (dp). Tiny sizes: 8 processes on 2 cores."""
+    fully_shard (dp). 1F1B. Tiny sizes: 8 processes on 2 cores."""
     torch.manual_seed(0)
     base = torch.nn.Sequential(*(Block() for _ in range(4)))
-    library = {"stock": (stock_pipelining, stock_fully_shard),
-               "minddp": (minddp.pp, minddp.fully_shard)}
-    schedules, models, optimizers = {}, {}, {}
-    for who, (pipelining, shard) in library.items():
-        mesh = MESH[who]("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
-        pp_rank, dp_rank, _ = mesh.get_coordinate()
-        stage_module = copy.deepcopy(minddp.pp.stage_layers(base, pp_rank, 2))
+
+    def parallelize(who, stage_module, mesh):
+        shard = {"stock": stock_fully_shard, "minddp": minddp.fully_shard}[who]
         for block in stage_module:
             PARALLELIZE[who](block, mesh["tp"], _plan(who, TP_PLAN))
             shard(block, mesh=mesh["dp"])
-        shard(stage_module, mesh=mesh["dp"])
-        stage = pipelining.PipelineStage(stage_module, pp_rank, 2, torch.device("cpu"),
-                                         group=mesh["pp"].get_group())
-        schedules[who] = pipelining.Schedule1F1B(stage, n_microbatches,
-                                                 loss_fn=torch.nn.functional.mse_loss)
-        models[who] = stage_module
-        optimizers[who] = torch.optim.AdamW(stage_module.parameters(), lr=1e-2, foreach=False)
-    verdicts = []
-    for step in range(steps):
-        g = torch.Generator().manual_seed(100 * step + dp_rank)  # each dp rank its own batch
-        x, y = torch.randn(4, 8, 16, generator=g), torch.randn(4, 8, 16, generator=g)
-        seen = {}
-        for who, schedule in schedules.items():
-            optimizers[who].zero_grad()
-            losses = []
-            if pp_rank == 0:
-                schedule.step(x)
-            else:
-                schedule.step(target=y, losses=losses)
-            grads = {n: _local(p.grad) for n, p in models[who].named_parameters()}
-            optimizers[who].step()
-            weights = {n: _local(p).detach().clone() for n, p in models[who].named_parameters()}
-            seen[who] = (torch.stack(losses) if losses else None, grads, weights)
-        verdicts.append(_differ(seen))
-    return verdicts
+
+    built = _pipelines(base, (2, 2, 2), ("pp", "dp", "tp"), parallelize, "Schedule1F1B", 2)
+    return _train_pipelines(built, [(4, 8, 16), (4, 8, 16)])
 
 
 def _differ(seen):
