@@ -86,7 +86,8 @@ class DeviceMesh:
         """This rank's group along `mesh_dim` (only a 1-D mesh may leave it out)."""
         if mesh_dim is None and self.ndim != 1:
             raise UsageError(f"get_group() on a {self.ndim}-D mesh {self.mesh_dim_names} needs"
-                             f" a dimension", hint='mesh.get_group("tp"), or mesh["tp"].get_group()')
+                             f" a dimension",
+                             hint='mesh.get_group("tp"), or mesh["tp"].get_group()')
         return self._groups[self._dim(mesh_dim or 0)]
 
     def get_coordinate(self):

@@ -8,6 +8,8 @@ way (the same exception type and message), so nothing differs silently. Not part
 lesson: ManualDDP (ddp.py) calls them before handing the module to BucketedDDP.
 """
 
+import warnings
+
 import torch
 
 from ..usage_error import UsageError
@@ -88,3 +90,11 @@ def group_of(process_group, device_mesh):
         raise UsageError(f"Only 1D device mesh is supported, but got {device_mesh}.",
                          hint="pass the data-parallel dimension's slice: device_mesh=mesh[\"dp\"]")
     return device_mesh.get_group(mesh_dim=0)
+
+
+def warn_check_reduction(check_reduction):
+    """Stock's FutureWarning for check_reduction=True (it steers nothing, in stock either)."""
+    if check_reduction:
+        # stacklevel 3: the warning names the line that built ManualDDP, as stock's does
+        warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is"
+                      " deprecated. Please avoid using it.", FutureWarning, stacklevel=3)

@@ -11,14 +11,13 @@ the same setting (tests/test_contract.py; what each does: docs/buckets.md).
 """
 
 import functools
-import warnings
 
 import torch
 import torch.distributed as dist
 
 from ..bucketed import BucketedDDP
 from .bucket_extras import GradBucket, aliases, assign_buckets_with_sparse, expects_sparse_gradient
-from .checks import check_stock_arguments, group_of, refuse_unimplemented
+from .checks import check_stock_arguments, group_of, refuse_unimplemented, warn_check_reduction
 from ..usage_error import UsageError
 from .comm_hooks import hook_result
 from .join import JoinableDDP, join_forward
@@ -73,9 +72,7 @@ class ManualDDP(BucketedDDP, JoinableDDP):
         self.broadcast_buffers = (at_init if forward_sync_buffers is None
                                   else forward_sync_buffers)
         self.dim = dim  # stock scatters inputs along dim for multi-device modules only
-        if check_reduction:
-            warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is"
-                          " deprecated. Please avoid using it.", FutureWarning, stacklevel=2)
+        warn_check_reduction(check_reduction)  # stock's deprecation warning, as stock gives it
         self._comm_hook = None  # (state, hook)
         self._backwards = 0  # synced backwards so far
         JoinableDDP.__init__(self)  # join(): disabled until the context manager enables it
