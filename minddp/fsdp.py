@@ -95,8 +95,8 @@ class Unit:
             piece[:block.numel()].copy_(block.reshape(-1))
             piece[block.numel():].zero_()  # the padding rows
         if self.world_size > 1:
-            # (torch 2.13 renamed it all_gather_single; the old name runs on every torch since)
-            dist.all_gather_into_tensor(gathered, flat, group=self.group)
+            dist.all_gather_single(gathered, flat, group=self.group)  # (2.13's name; the old
+            # one, all_gather_into_tensor, still runs but warns)
         pieces = gathered.view(self.world_size, -1).split(sizes, dim=1)
         for p, piece in zip(self.params, pieces):
             p.full.untyped_storage().resize_(p.full.numel() * p.full.element_size())
@@ -171,7 +171,7 @@ class Unit:
         mine = flat.view(-1) if self.world_size == 1 else flat.new_empty(flat.shape[1])
         if self.world_size > 1:
             # AVG, as stock asks (gloo sums, then divides; DDP scales first, then sums).
-            dist.reduce_scatter_tensor(mine, flat.view(-1), dist.ReduceOp.AVG, self.group)
+            dist.reduce_scatter_single(mine, flat.view(-1), dist.ReduceOp.AVG, self.group)
         pieces = mine.split([p.block_numel for p in params])  # our rows, then padding
         return [self.as_dtensor(piece[:p.shard.to_local().numel()].view_as(p.shard.to_local()),
                                 p.full) for p, piece in zip(params, pieces)]

@@ -17,6 +17,7 @@ import functools
 import gc
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from .launch import print_rank
 
 EXIT_BOUND_S = 60  # the longest a finished rank may take to exit (see ddp_teardown)
+THREADS_END_S = 2  # how long gloo's threads may take to end after destroy_process_group
 
 
 def ddp_teardown():
@@ -43,6 +45,11 @@ def ddp_teardown():
     nccl = dist.get_backend() == "nccl"
     dist.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
     dist.destroy_process_group()
+    # A gloo thread may take a moment to end after its group is freed (8 ranks on 2 cores:
+    # it waits for a core); a group still held is one whose threads stay.
+    deadline = time.monotonic() + THREADS_END_S
+    while group_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
     if group_threads():
         # Something still holds the group (a DDP wrapper still alive): freeing it later
         # may deadlock as above. Say so, and bound the exit: faulthandler's watchdog (a

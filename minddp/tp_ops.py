@@ -99,9 +99,8 @@ def _gather(x, dim, group):
     # The collectives cut along dim 0: move the sequence there, and back afterwards.
     x = x.movedim(dim, 0).contiguous()
     whole = x.new_empty(dist.get_world_size(group) * x.shape[0], *x.shape[1:])
-    # all_gather_into_tensor: torch 2.13 also calls it all_gather_single; this name runs on
-    # every torch minddp supports.
-    dist.all_gather_into_tensor(whole, x, group=group)
+    # all_gather_single: torch 2.13's name (all_gather_into_tensor, the old one, warns).
+    dist.all_gather_single(whole, x, group=group)
     # Back in the usual layout: the Linears after it would each copy a strided input
     # (and save the copy for backward), q, k and v three times over.
     return whole.movedim(0, dim).contiguous()
@@ -110,7 +109,7 @@ def _gather(x, dim, group):
 def _reduce_scatter(x, dim, group):
     x = x.movedim(dim, 0).contiguous()
     mine = x.new_empty(x.shape[0] // dist.get_world_size(group), *x.shape[1:])
-    dist.reduce_scatter_tensor(mine, x, op=dist.ReduceOp.SUM, group=group)  # (as above)
+    dist.reduce_scatter_single(mine, x, op=dist.ReduceOp.SUM, group=group)  # (as above)
     return mine.movedim(0, dim).contiguous()
 
 

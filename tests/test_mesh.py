@@ -122,7 +122,7 @@ def _composition(rank, world_size, name, steps=3):
     plan, wrap, sequence = COMPOSITIONS[name]
     torch.manual_seed(0)
     base = torch.nn.Sequential(Block(), Block())
-    models, optimizers = {}, {}
+    models, optimizers, named = {}, {}, {}
     for who in ("stock", "minddp"):
         mesh = MESH[who]("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
         model = copy.deepcopy(base)
@@ -130,6 +130,11 @@ def _composition(rank, world_size, name, steps=3):
             PARALLELIZE[who](block, mesh["tp"], _plan(who, plan))
         models[who] = wrap(who, model, mesh)
         optimizers[who] = torch.optim.AdamW(models[who].parameters(), lr=1e-2, foreach=False)
+        # Named now, once: stock's DDP over TP swaps each TP weight for a local Parameter,
+        # and its forward sets a DTensor made from it in that Parameter's place (a plain
+        # attribute, which named_parameters() no longer lists after the first forward).
+        named[who] = dict(models[who].named_parameters())
+    assert len(named["stock"]) == len(named["minddp"]) == len(list(base.parameters()))
     dp_rank, tp_rank = mesh.get_coordinate()
     verdicts = []
     for step in range(steps):
@@ -142,9 +147,9 @@ def _composition(rank, world_size, name, steps=3):
             optimizers[who].zero_grad()
             loss = (model(x) ** 2).mean()
             loss.backward()
-            grads = {n: _local(p.grad) for n, p in model.named_parameters()}
+            grads = {n: _local(p.grad) for n, p in named[who].items()}
             optimizers[who].step()
-            weights = {n: _local(p).detach().clone() for n, p in model.named_parameters()}
+            weights = {n: _local(p).detach().clone() for n, p in named[who].items()}
             seen[who] = (loss.detach(), grads, weights)
         verdicts.append(_differ(seen))
     return verdicts
@@ -234,6 +239,8 @@ def _pp_x_fsdp_x_tp(rank, world_size):
 def _differ(seen):
     """The first three differences between stock's (loss, grads, weights) and minddp's."""
     (l_s, g_s, w_s), (l_m, g_m, w_m) = seen["stock"], seen["minddp"]
+    if list(g_s) != list(g_m):
+        return [f"names {sorted(set(g_s) ^ set(g_m))[:3]}"]
     same_loss = (l_s is None and l_m is None) or torch.equal(l_s, l_m)
     differ = ([] if same_loss else ["loss"]) + \
              [f"grad {n}" for n in g_s if not torch.equal(g_s[n], g_m[n])] + \

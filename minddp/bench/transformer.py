@@ -1,12 +1,14 @@
-"""The transformer the tensor-parallel benchmark trains (and tests/test_tp.py, smaller).
+"""The transformers the benchmarks train: blocks for tensor parallel, a small GPT for the mesh.
 
     minddp tp-bench --world-sizes 2 --rounds 10
+    torchrun --nproc_per_node=4 examples/gpt_nd.py --mesh dp=2,tp=2     # gpt()
 
 Written the way tensor parallelism needs it: q, k, v and the output projection as separate
 Linear layers, and attention finding its heads from q's width (`view(B, T, -1, head_dim)`),
 so the same code runs whole or with each rank holding heads / world_size of them.
 """
 
+import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
@@ -50,6 +52,40 @@ class Block(nn.Module):
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
+
+
+class Embedding(nn.Module):
+    """nanoGPT's input: a token embedding (wte) plus a learned embedding of each position."""
+
+    def __init__(self, vocab, d, tokens):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(tokens, d)
+        for table in (self.wte, self.wpe):  # nanoGPT's scale (N(0, 1), tied, gives wild logits)
+            nn.init.normal_(table.weight, std=0.02)
+
+    def forward(self, idx):
+        return self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+
+
+class Head(nn.Module):
+    """nanoGPT's output: the last LayerNorm, then each token's logits over the vocabulary."""
+
+    def __init__(self, vocab, d):
+        super().__init__()
+        self.ln_f, self.lm_head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, x):
+        return self.lm_head(self.ln_f(x))
+
+
+def gpt(vocab=32, d=16, heads=4, blocks=2, tokens=8, tied=True):
+    """nanoGPT's shape at CPU sizes, as the nn.Sequential a pipeline cuts: embedding, blocks,
+    head. tied: the output layer's weight is the token embedding's (one tensor, as nanoGPT)."""
+    model = nn.Sequential(Embedding(vocab, d, tokens), *(Block(d, heads) for _ in range(blocks)),
+                          Head(vocab, d))
+    if tied:
+        model[-1].lm_head.weight = model[0].wte.weight
+    return model
 
 
 class Classifier(nn.Module):

@@ -14,6 +14,7 @@ without changing the lessons' arithmetic, everything stock's API promises beside
     fsdp_module.py    FSDPModule: stock's module API (unshard, prefetching, no-sync), refusals
     fsdp_prefetch.py  prefetching: the next units' all_gathers on a thread, in one order
     fsdp_checks.py    what minddp.fully_shard refuses: stock-only arguments, a stale optimizer
+    libraries.py      minddp's mesh, TP, FSDP, DDP and pipeline beside stock's, by name
 Each is proved bitwise against stock in tests/ (test_contract, test_join, test_dropin,
 test_fsdp, test_fsdp_example); docs/dropin.md and docs/fsdp.md show the swap.
 """

@@ -42,6 +42,9 @@ class GradTable:
         run, whose world size changes; its ranks hold the same averaged gradient anyway).
         """
         self.module = getattr(model, "module", model)
+        # Named now, as the optimizer holds them: stock's DDP over TP swaps each TP weight for
+        # a local Parameter and, in forward, puts a DTensor made from it in its place.
+        self.named = dict(self.module.named_parameters())
         self.path, self.rank0_only = path, rank0_only
         self.rows = []  # (step, epoch, {name: gradient})
         self.world_sizes = []  # per step, with rank0_only
@@ -50,8 +53,9 @@ class GradTable:
         if self.path is None:
             return
         grads = {}
-        whole = _whole_gradients(self.module)
-        for name, p in self.module.named_parameters():
+        named = {**self.named, **dict(self.module.named_parameters())}  # now's, where listed
+        whole = _whole_gradients(self.module, named)
+        for name, p in named.items():
             if not p.requires_grad:
                 continue  # frozen: no gradient to compare
             # A trainable parameter with no gradient this step is recorded as NaN, so the
@@ -125,25 +129,32 @@ def _as_numpy(rows):
     return [(s, e, {n: t.cpu().numpy() for n, t in g.items()}) for s, e, g in rows]
 
 
-def _whole_gradients(module):
-    """{name: gradient}; a sharded model's whole gradients, gathered: a collective then."""
+def _whole_gradients(module, named):
+    """{name: gradient} of the parameters `named`; a sharded model's whole gradients,
+    gathered: a collective then."""
     # Only a model that minddp's fully_shard or parallelize_module made has units or slices,
     # and then their lesson is imported already (asked otherwise, it would import DTensor).
     fsdp, tp_plan = sys.modules.get("minddp.fsdp"), sys.modules.get("minddp.tp_plan")
+    cuts = tp_plan.sliced(module) if tp_plan is not None else {}
     if fsdp is not None and any(fsdp.unit_of(m) is not None for m in module.modules()):
         from .whole_tensors import full_gradients
-        return full_gradients(module)
-    # Stock's DTensors (fully_shard, parallelize_module): full_tensor() gathers one; minddp's
-    # tensor-parallel slices (tp.py) are gathered along the dimension they were cut.
-    whole, cuts = {}, tp_plan.sliced(module) if tp_plan is not None else {}
-    for name, p in module.named_parameters():
-        if hasattr(p.grad, "full_tensor"):
-            whole[name] = p.grad.full_tensor()
-        elif name in cuts and p.grad is not None:
-            whole[name] = _gather_slices(p.grad, *cuts[name])
-        else:
-            whole[name] = p.grad
-    return whole
+        whole = full_gradients(module)  # each shard's dp blocks gathered: a TP slice, or all
+    else:  # stock's DTensors (fully_shard, parallelize_module): full_tensor() gathers one
+        whole = {name: _stock_whole(p) for name, p in named.items()}
+    # minddp's tensor-parallel slices (tp.py) are gathered along the dimension they were cut.
+    return {name: _gather_slices(g, *cuts[name]) if name in cuts and g is not None else g
+            for name, g in whole.items()}
+
+
+def _stock_whole(p):
+    if hasattr(p.grad, "full_tensor"):
+        return p.grad.full_tensor()
+    spec = getattr(p, "_st_info", None)  # stock DDP over TP: a DTensor's local Parameter
+    if spec is not None and p.grad is not None:
+        from torch.distributed.tensor import DTensor
+        return DTensor.from_local(p.grad, spec.mesh, spec.placements, run_check=False,
+                                  shape=spec.shape, stride=spec.stride).full_tensor()
+    return p.grad
 
 
 def _gather_slices(grad, dim, group):

@@ -1,0 +1,124 @@
+"""The capstone: a small GPT trained on a mesh of pipeline, data and tensor parallelism.
+
+    torchrun --nproc_per_node=4 examples/gpt_nd.py --mesh dp=2,tp=2 --grad-table runs/nd.txt
+    torchrun --nproc_per_node=4 examples/gpt_nd.py --mesh dp=2,tp=2 --impl stock \\
+        --grad-table runs/nd-stock.txt
+    minddp diff runs/nd.txt runs/nd-stock.txt          # IDENTICAL
+    torchrun --nproc_per_node=4 examples/gpt_nd.py --mesh pp=2,dp=2 --untied
+    torchrun --nproc_per_node=8 examples/gpt_nd.py --mesh pp=2,dp=2,tp=2 --untied
+
+nanoGPT's shape at CPU sizes (minddp.bench.transformer.gpt: token and learned position
+embeddings, pre-LN blocks with causal attention and an MLP, the output layer tied to the
+token embedding), trained with AdamW on random token sequences, next-token loss. The mesh
+(--mesh, outermost first) is built by minddp's init_device_mesh or stock's, and the model
+is parallelized in torchtitan's order (minddp/compose.py): cut into pipeline stages over pp
+(1F1B, 2 microbatches), each block's layers split over tp, then fully_shard (or --dp ddp)
+over dp. Each dp rank trains on its own batches; the tp ranks of one dp rank share them.
+Each rank prints its coordinates and what it holds; the gradient table holds each rank's
+whole gradients, gathered over dp and tp (a pipeline's other stages' weights: NaN).
+"""
+
+import os
+
+from minddp.run.cli import ArgumentParser, parse_checked  # no torch: a typo costs a moment
+
+SIZES = dict(vocab=32, d=16, heads=4, tokens=8)
+
+
+def parser():
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mesh", default="dp=2", help="dimensions outermost first, e.g."
+                   " pp=2,dp=2,tp=2 (their product: the world size)")
+    p.add_argument("--impl", default="manual", choices=["manual", "stock"],
+                   help="minddp's mesh, TP, FSDP, DDP and pipeline, or stock PyTorch's")
+    p.add_argument("--dp", default="fsdp", choices=["fsdp", "ddp"],
+                   help="along dp: shard the weights (fully_shard) or replicate them (DDP)")
+    p.add_argument("--blocks", type=int, default=2, help="transformer blocks")
+    p.add_argument("--untied", action="store_true",
+                   help="the output layer its own weight (a pipeline needs it)")
+    p.add_argument("--steps", type=int, default=3, help="AdamW steps")
+    p.add_argument("--batch", type=int, default=4, help="sequences per step and dp rank")
+    p.add_argument("--seed", type=int, default=123, help="torch.manual_seed before the model")
+    p.add_argument("--grad-table", metavar="PATH", help="record every rank's whole gradients")
+    p.add_argument("--timeout", type=float, default=120, metavar="S",
+                   help="seconds a rank waits in a collective for its peers before failing")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    return p
+
+
+def checked(args, world_size=None):
+    """The mesh against the model and the world (torchrun's), before any group: one line."""
+    from minddp.mesh_plan import check_fits, parse_mesh
+    args.shape, args.names = parse_mesh(args.mesh)
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    check_fits(args.shape, args.names, world_size,
+               heads=SIZES["heads"], blocks=args.blocks, tied=not args.untied, dp=args.dp)
+    return args
+
+
+if __name__ == "__main__":
+    from minddp.run.errors import exit_on_usage_error
+    with exit_on_usage_error():
+        args = checked(parse_checked(parser()))
+
+import torch
+import torch.nn.functional as F
+
+from minddp import (GradTable, ddp_setup, ddp_teardown, exit_on_failure, print0, print_rank)
+from minddp.bench.transformer import gpt
+from minddp.compose import holdings, parallelize, pipeline
+from minddp.dropin.libraries import LIBRARIES  # minddp's five calls, or stock's
+
+
+def next_token_loss(logits, targets):
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def batch(args, step, dp_rank, device):
+    """This dp rank's sequences at `step` (the tp and pp ranks of one dp rank share them)."""
+    g = torch.Generator().manual_seed(1000 * args.seed + 100 * step + dp_rank)
+    tokens = torch.randint(0, SIZES["vocab"], (args.batch, SIZES["tokens"] + 1), generator=g)
+    return tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # each token predicts the next
+
+
+def main(env, args):
+    lib = LIBRARIES[args.impl]
+    mesh = lib.init_device_mesh(env.device.type, args.shape, mesh_dim_names=args.names)
+    torch.manual_seed(args.seed)  # the same first weights on every rank
+    model = gpt(**SIZES, blocks=args.blocks, tied=not args.untied).to(env.device)
+    whole = sum(p.numel() for p in model.parameters())
+    stage = parallelize(model, mesh, lib, args.dp)
+    print_rank(holdings(model, stage, mesh, whole))
+    optimizer = torch.optim.AdamW(stage.parameters(), lr=1e-2, foreach=False)
+    grad_table = GradTable(model, args.grad_table)  # whole gradients: a collective
+    pp = "pp" in args.names
+    schedule = pipeline(stage, mesh, lib, next_token_loss, 2) if pp else None
+    coordinate = dict(zip(args.names, mesh.get_coordinate()))
+    first = coordinate.get("pp", 0) == 0
+    last = coordinate.get("pp", 0) == mesh["pp"].size() - 1 if pp else True
+
+    for step in range(args.steps):
+        x, y = batch(args, step, coordinate.get("dp", 0), env.device)
+        optimizer.zero_grad()
+        if pp:  # the first stage feeds the tokens, the last computes the loss
+            losses = []
+            schedule.step(*([x] if first else []), target=y if last else None,
+                          losses=losses if last else None)
+            loss = torch.stack(losses).mean() if last else None
+        else:
+            loss = next_token_loss(stage(x), y)
+            loss.backward()
+        grad_table.record()
+        optimizer.step()
+        if last and coordinate.get("tp", 0) == 0:  # one line per dp rank
+            print_rank(f"step {step + 1}/{args.steps} | loss {loss.item():.6f}")
+    grad_table.save()  # collective: rank 0 gathers every rank's rows and writes the file
+
+
+if __name__ == "__main__":
+    with exit_on_failure(), exit_on_usage_error():  # one line and a hint, exit 1 or 2
+        env = ddp_setup(args.backend, args.device, args.timeout)
+        print0(f"PyTorch {torch.__version__} | {env} | --mesh {args.mesh} --impl {args.impl}")
+        main(env, args)
+        ddp_teardown()

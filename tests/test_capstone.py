@@ -1,0 +1,138 @@
+"""The capstone example (examples/gpt_nd.py): a small GPT on a 2-D and a 3-D mesh, minddp's
+composition against stock's, gradient tables IDENTICAL; and the mesh refused before any group.
+
+    pytest tests/test_capstone.py
+
+The example's main() runs on the suite's shared spawns (4 ranks: --mesh dp=2,tp=2 with
+fully_shard and with DDP, pp=2,dp=2; 8 ranks: pp=2,dp=2,tp=2), with --impl manual and stock,
+each writing its gradient table; `minddp diff` must call each pair IDENTICAL. One torchrun
+launch (2 ranks, --mesh tp=2) runs the script as a user does, to its clean exit.
+"""
+
+import contextlib
+import importlib.util
+import io
+import os
+import shutil
+import sys
+import tempfile
+
+import pytest
+import torch
+
+from helpers import REPO, run, share_spawn, shared_results, torchrun
+from minddp import UsageError
+from minddp.launch import DDPEnv
+from minddp.mesh_plan import check_fits, parse_mesh
+
+SCRIPT = REPO / "examples" / "gpt_nd.py"
+TABLES = os.path.join(tempfile.gettempdir(), f"minddp-gpt-nd-{os.getpid()}")  # made by rank 0
+# world size: the runs, each once with --impl manual and once with --impl stock
+MESHES = {4: ["--mesh dp=2,tp=2", "--mesh dp=2,tp=2 --dp ddp", "--mesh pp=2,dp=2 --untied"],
+          8: ["--mesh pp=2,dp=2,tp=2 --untied"]}
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("gpt_nd", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # its __main__ blocks do not run
+    return module
+
+
+def _table(tables, flags, impl):
+    return os.path.join(tables, f"{flags.replace(' ', '').replace(',', '_')}-{impl}.txt")
+
+
+def _train(rank, world_size, tables):
+    """Every mesh of this world size, both implementations: the lines each rank printed."""
+    example = _example()
+    env = DDPEnv(rank, rank, world_size, "gloo", torch.device("cpu"), 120)
+    os.makedirs(tables, exist_ok=True)
+    printed = {}
+    for flags in MESHES[world_size]:
+        for impl in ("manual", "stock"):
+            argv = [*flags.split(), "--impl", impl, "--grad-table", _table(tables, flags, impl)]
+            args = example.checked(example.parser().parse_args(argv), world_size)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                example.main(env, args)
+            printed[flags, impl] = [line for line in out.getvalue().splitlines()
+                                   if not line.startswith("gradient table:")]
+    return printed
+
+
+share_spawn(_train, [4, 8], TABLES)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _clean_tables():
+    yield
+    shutil.rmtree(TABLES, ignore_errors=True)
+
+
+@pytest.mark.parametrize("world_size, flags", [(w, f) for w, fs in MESHES.items() for f in fs])
+def test_the_capstones_tables_are_identical_to_stocks(world_size, flags):
+    printed = shared_results(_train, world_size)
+    verdict = run([sys.executable, "-m", "minddp", "diff", _table(TABLES, flags, "manual"),
+                   _table(TABLES, flags, "stock")])
+    assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stdout
+    assert f"world size {world_size}, 3 steps" in verdict.stdout
+    for rank, lines in enumerate(printed):
+        # the same losses and the same holdings, line for line, on every rank
+        assert lines[flags, "manual"] == lines[flags, "stock"], f"rank {rank}"
+        assert lines[flags, "manual"][0].startswith(f"[rank{rank}] mesh (")
+
+
+def test_each_rank_holds_its_share_of_the_weights():
+    printed = shared_results(_train, 8)
+    # pp=2, dp=2, tp=2: stage 0 (embedding, block 0) and stage 1 (block 1, head), each
+    # block's Linear layers halved over tp, everything halved again over dp.
+    firsts = {lines["--mesh pp=2,dp=2,tp=2 --untied", "manual"][0] for lines in printed}
+    assert {line.split("] ", 1)[1].split(": ", 1)[1] for line in firsts} == {
+        "layers 0-1 of 4, holds 1164 of 7744 weight elements (15.0%)",
+        "layers 2-3 of 4, holds 1116 of 7744 weight elements (14.4%)"}
+    assert "[rank5] mesh (pp 1/2, dp 0/2, tp 1/2): layers 2-3" in "".join(firsts)
+
+
+def test_the_script_under_torchrun_trains_and_exits_cleanly(tmp_path):
+    result = torchrun(2, SCRIPT, "--mesh", "tp=2", "--grad-table", tmp_path / "tp.txt")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[rank0] mesh (tp 0/2): layers 0-3 of 4" in result.stdout
+    assert "[rank0] step 3/3 | loss " in result.stdout
+    assert "outlived" not in result.stdout and (tmp_path / "tp.txt.npz").exists()
+
+
+def test_a_mesh_that_does_not_fit_is_refused_before_torch_loads():
+    result = run([sys.executable, str(SCRIPT), "--mesh", "dp=2,tp=2"])  # a world of one
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[0] == \
+        "error: --mesh dp=2,tp=2 holds 4 ranks, but the world has 1", result.stderr
+
+
+@pytest.mark.parametrize("mesh, world_size, extra, message", [
+    ("dp=2,tp=3", 6, {}, "--mesh dp=2,tp=3: tp=3 does not divide the 4 attention heads"),
+    ("pp=3", 3, {"tied": False}, "--mesh pp=3: 3 pipeline stages for 2 blocks"),
+    ("pp=2,dp=2", 4, {}, "--mesh pp=2,dp=2: a tied embedding cannot be split over pipeline"
+                         " stages"),
+    ("pp=2,dp=2", 4, {"tied": False, "dp": "ddp"}, "--mesh pp=2,dp=2 --dp ddp: minddp's"
+     " pipeline runs fully_shard-ed stages, not DDP-wrapped ones"),
+    ("dp=2,tp=2", 8, {}, "--mesh dp=2,tp=2 holds 4 ranks, but the world has 8"),
+])
+def test_what_the_mesh_asks_of_the_model_is_one_line(mesh, world_size, extra, message):
+    shape, names = parse_mesh(mesh)
+    with pytest.raises(UsageError) as error:
+        check_fits(shape, names, world_size, **{"heads": 4, "blocks": 2, "tied": True, **extra})
+    assert error.value.message == message and error.value.same_on_every_rank
+
+
+@pytest.mark.parametrize("text, message", [
+    ("tp=2,dp=2", "--mesh tp=2,dp=2: dimensions go outermost first, dp, tp"),
+    ("ep=2", "--mesh ep=2: dimension 'ep' is not one of pp, dp, tp"),
+    ("dp=two", "--mesh dp=two: dp=two is not a count of ranks"),
+    ("dp=2,dp=2", "--mesh dp=2,dp=2: dp appears twice"),
+])
+def test_a_mesh_flag_that_does_not_parse_is_one_line(text, message):
+    with pytest.raises(UsageError) as error:
+        parse_mesh(text)
+    assert error.value.message == message
+    assert parse_mesh("pp=2,dp=1,tp=4") == ((2, 1, 4), ("pp", "dp", "tp"))
