@@ -12,7 +12,7 @@ embeddings, pre-LN blocks with causal attention and an MLP, the output layer tie
 token embedding), trained with AdamW on random token sequences, next-token loss. The mesh
 (--mesh, outermost first) is built by minddp's init_device_mesh or stock's, and the model
 is parallelized in torchtitan's order (minddp/compose.py): cut into pipeline stages over pp
-(1F1B, 2 microbatches), each block's layers split over tp, then fully_shard (or --dp ddp)
+(1F1B, max(2, pp) microbatches), each block's layers split over tp, then fully_shard (or --dp ddp)
 over dp. Each dp rank trains on its own batches; the tp ranks of one dp rank share them.
 Each rank prints its coordinates and what it holds; the gradient table holds each rank's
 whole gradients, gathered over dp and tp (a pipeline's other stages' weights: NaN).
@@ -50,10 +50,16 @@ def parser():
 def checked(args, world_size=None):
     """The mesh against the model and the world (torchrun's), before any group: one line."""
     from minddp.mesh_plan import check_fits, parse_mesh
+    from minddp.usage_error import UsageError
     args.shape, args.names = parse_mesh(args.mesh)
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
     check_fits(args.shape, args.names, world_size,
                heads=SIZES["heads"], blocks=args.blocks, tied=not args.untied, dp=args.dp)
+    pp = dict(zip(args.names, args.shape)).get("pp", 1)
+    if pp > 1 and args.batch % max(2, pp):
+        raise UsageError(f"--batch {args.batch} does not split into {max(2, pp)} microbatches"
+                         f" (1F1B on {pp} stages: at least one per stage)",
+                         hint=f"use a --batch that {max(2, pp)} divides", same_on_every_rank=True)
     return args
 
 
@@ -93,7 +99,8 @@ def main(env, args):
     optimizer = torch.optim.AdamW(stage.parameters(), lr=1e-2, foreach=False)
     grad_table = GradTable(model, args.grad_table)  # whole gradients: a collective
     pp = "pp" in args.names
-    schedule = pipeline(stage, mesh, lib, next_token_loss, 2) if pp else None
+    microbatches = max(2, mesh["pp"].size()) if pp else None  # 1F1B: one or more per stage
+    schedule = pipeline(stage, mesh, lib, next_token_loss, microbatches) if pp else None
     coordinate = dict(zip(args.names, mesh.get_coordinate()))
     first = coordinate.get("pp", 0) == 0
     last = coordinate.get("pp", 0) == mesh["pp"].size() - 1 if pp else True

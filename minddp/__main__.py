@@ -22,6 +22,7 @@ COMMANDS = {  # subcommand: (module, what it does)
     "fsdp-bench": ("minddp.bench.fsdp", "DDP, ZeRO-1/2/3 and stock fully_shard: bytes and time"),
     "tp-bench": ("minddp.bench.tp", "tensor parallel vs stock: bytes sent, memory, step time"),
     "pp-bench": ("minddp.bench.pp", "pipeline vs stock: the bubble per stage, activations"),
+    "mesh-bench": ("minddp.bench.mesh", "every mesh of 4 and 8 ranks: held and sent per rank"),
     "elastic-bench": ("minddp.bench.elastic", "the ordered reduction vs all_reduce: bytes, time"),
 }
 

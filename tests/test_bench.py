@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import run
+from helpers import run, share_spawn, shared_results
 
 
 def test_bench_reports_every_contender_as_a_ratio_to_stock():
@@ -138,3 +138,38 @@ def test_a_benchmark_flag_that_cannot_run_is_one_line_before_any_rank(command, m
     lines = result.stderr.splitlines()
     assert result.returncode == 2 and len(lines) == 2, result.stderr
     assert lines[0].startswith(message) and lines[1].startswith("---> HINT: "), result.stderr
+
+
+def _mesh_bench(rank, world_size):
+    import torch
+    from minddp.bench.mesh import measure
+    return {(text, impl): measure(text, impl, 8, torch.device("cpu"))
+            for text in ("dp=2,tp=2", "pp=2,dp=2") for impl in ("manual", "stock")}
+
+
+share_spawn(_mesh_bench, [4])
+
+
+def test_mesh_bench_holds_the_formula_and_sends_what_the_composition_says():
+    """minddp mesh-bench's measure() on 2-D meshes of 4 ranks, minddp's and stock's."""
+    from minddp.bench.mesh import SIZES
+    activation = 8 * SIZES["tokens"] * SIZES["d"] * 4 / 2**20  # one dp rank's batch, MB
+    for rank, result in enumerate(shared_results(_mesh_bench, 4)):
+        for (text, impl), r in result.items():
+            case = f"rank {rank}, {text}, {impl}"
+            assert r["held"][:3] == pytest.approx(r["formula"], rel=1e-12), case
+            assert r["held"][:3] == result[text, "stock"]["held"][:3], case  # as stock's
+            assert r["held"][3] > 0, case
+        tp = result["dp=2,tp=2", "manual"]["sent"]
+        # TP: per block 2 all_reduces forward (attn.o, mlp.down) and 4 backward (q, k, v,
+        # mlp.up bring input gradients to sum), each of one batch's activations
+        assert tp["tp"] == pytest.approx(SIZES["blocks"] * 6 * activation, rel=1e-12), rank
+        # fully_shard over dp: minddp passes its collectives what stock's passes
+        for text in ("dp=2,tp=2", "pp=2,dp=2"):
+            assert result[text, "manual"]["sent"]["dp"] == result[text, "stock"]["sent"]["dp"]
+        pp_stock = result["pp=2,dp=2", "stock"]["sent"]["pp"]
+        pp_mine = result["pp=2,dp=2", "manual"]["sent"]["pp"]
+        # 2 stages: the first sends each microbatch's activations on, the last their gradients
+        # back: one batch's activations each way; minddp adds a small header per send
+        assert pp_stock == pytest.approx(activation, rel=1e-12), rank
+        assert activation < pp_mine < activation + 2**-10, rank

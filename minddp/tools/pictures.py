@@ -197,15 +197,15 @@ def draw_memory(rows, path, machine, bars=None, legend=None, title=None, caption
     ax.set_xticks(ticks, labels, fontsize=6.5)
     ax.set_xlim(-0.6, x + 0.6)  # room for the last mark's label
     ax.set_ylabel("MB per rank (largest rank)")
-    model = rows[0]["model"]
-    ax.set_title(title or f"What each rank holds: {model} MLP, AdamW (minddp's and stock's side"
+    ax.set_title(title or f"What each rank holds: {rows[0]['model']} MLP, AdamW (minddp's and stock's side"
                           f" by side)", fontsize=10, loc="left")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[s]) for s in SEGMENTS]
-    handles.append(plt.Line2D([0], [0], color="black", linestyle="dashed", linewidth=1))
-    ax.legend(handles, (legend or ["parameters (P)", "gradients (G)", "optimizer state (O)",
-                                   "whole weights gathered (peak)"])
-              + ["(P+G+O)/W: DDP's P+G+O split evenly over W ranks"], fontsize=7,
-              loc="upper right")
+    names = legend or ["parameters (P)", "gradients (G)", "optimizer state (O)",
+                       "whole weights gathered (peak)"]
+    if any(way == "DDP" for _, way in bars):  # the ideal mark is drawn beside DDP's bars
+        handles.append(plt.Line2D([0], [0], color="black", linestyle="dashed", linewidth=1))
+        names = names + ["(P+G+O)/W: DDP's P+G+O split evenly over W ranks"]
+    ax.legend(handles, names, fontsize=7, loc="upper right")
     fig.text(0.01, 0.005, caption or "At 1 rank ZeRO-2/3 shard nothing and still gather (copy)"
              " each unit: their bars stand above DDP's by that copy. Bytes measured on the"
              " largest rank.", ha="left", va="bottom", fontsize=7)
