@@ -5,7 +5,7 @@
         --grad-table runs/nd-stock.txt
     minddp diff runs/nd.txt runs/nd-stock.txt          # IDENTICAL
     torchrun --nproc_per_node=4 examples/gpt_nd.py --mesh pp=2,dp=2 --untied
-    torchrun --nproc_per_node=8 examples/gpt_nd.py --mesh pp=2,dp=2,tp=2 --untied
+    torchrun --nproc_per_node=8 examples/gpt_nd.py --mesh pp=2,dp=2,tp=2 --untied --clip 0.1
 
 nanoGPT's shape at CPU sizes (minddp.bench.transformer.gpt: token and learned position
 embeddings, pre-LN blocks with causal attention and an MLP, the output layer tied to the
@@ -14,6 +14,8 @@ token embedding), trained with AdamW on random token sequences, next-token loss.
 is parallelized in torchtitan's order (minddp/compose.py): cut into pipeline stages over pp
 (1F1B, max(2, pp) microbatches), each block's layers split over tp, then fully_shard (or --dp ddp)
 over dp. Each dp rank trains on its own batches; the tp ranks of one dp rank share them.
+--clip clips the norm of the whole model's gradient, taken over every rank (minddp/clip.py;
+stock's calls in torchtitan's way, dropin/libraries.py), after the table records it.
 Each rank prints its coordinates and what it holds; the gradient table holds each rank's
 whole gradients, gathered over dp and tp (a pipeline's other stages' weights: NaN).
 """
@@ -37,6 +39,8 @@ def parser():
     p.add_argument("--untied", action="store_true",
                    help="the output layer its own weight (a pipeline needs it)")
     p.add_argument("--steps", type=int, default=3, help="AdamW steps")
+    p.add_argument("--clip", type=float, metavar="MAX_NORM",
+                   help="clip the whole model's gradient norm, over every rank (clip.py)")
     p.add_argument("--batch", type=int, default=4, help="sequences per step and dp rank")
     p.add_argument("--seed", type=int, default=123, help="torch.manual_seed before the model")
     p.add_argument("--grad-table", metavar="PATH", help="record every rank's whole gradients")
@@ -55,7 +59,15 @@ def checked(args, world_size=None):
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
     check_fits(args.shape, args.names, world_size,
                heads=SIZES["heads"], blocks=args.blocks, tied=not args.untied, dp=args.dp)
-    pp = dict(zip(args.names, args.shape)).get("pp", 1)
+    pp, tp = (dict(zip(args.names, args.shape)).get(n, 1) for n in ("pp", "tp"))
+    if args.clip is not None and args.dp == "ddp" and tp > 1:
+        # Stock's DDP over TP takes each TP weight out of module.parameters() in forward
+        # (a DTensor made from its local Parameter stands in its place): a clip over the
+        # module's parameters would not see them.
+        raise UsageError("--clip with --dp ddp and tp: stock's DDP over TP hides the TP"
+                         " weights from module.parameters(), which the clip walks",
+                         hint="clip with --dp fsdp (torchtitan's composition)",
+                         same_on_every_rank=True)
     if pp > 1 and args.batch % max(2, pp):
         raise UsageError(f"--batch {args.batch} does not split into {max(2, pp)} microbatches"
                          f" (1F1B on {pp} stages: at least one per stage)",
@@ -117,9 +129,11 @@ def main(env, args):
             loss = next_token_loss(stage(x), y)
             loss.backward()
         grad_table.record()
+        norm = None if args.clip is None else lib.clip_grad_norm_(stage, args.clip, mesh)
         optimizer.step()
         if last and coordinate.get("tp", 0) == 0:  # one line per dp rank
-            print_rank(f"step {step + 1}/{args.steps} | loss {loss.item():.6f}")
+            print_rank(f"step {step + 1}/{args.steps} | loss {loss.item():.6f}"
+                       + ("" if norm is None else f" | grad norm {norm.item():.9g}"))  # every bit
     grad_table.save()  # collective: rank 0 gathers every rank's rows and writes the file
 
 

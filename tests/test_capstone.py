@@ -17,6 +17,7 @@ import shutil
 import sys
 import tempfile
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,12 +25,14 @@ from helpers import REPO, run, share_spawn, shared_results, torchrun
 from minddp import UsageError
 from minddp.launch import DDPEnv
 from minddp.mesh_plan import check_fits, parse_mesh
+from minddp.tools.tables import read_table
 
 SCRIPT = REPO / "examples" / "gpt_nd.py"
 TABLES = os.path.join(tempfile.gettempdir(), f"minddp-gpt-nd-{os.getpid()}")  # made by rank 0
 # world size: the runs, each once with --impl manual and once with --impl stock
-MESHES = {4: ["--mesh dp=2,tp=2", "--mesh dp=2,tp=2 --dp ddp", "--mesh pp=2,dp=2 --untied"],
-          8: ["--mesh pp=2,dp=2,tp=2 --untied"]}
+MESHES = {4: ["--mesh dp=2,tp=2 --clip 0.1", "--mesh dp=2,tp=2 --dp ddp",
+              "--mesh pp=2,dp=2 --untied --clip 0.1"],
+          8: ["--mesh pp=2,dp=2,tp=2 --untied --clip 0.1"]}
 
 
 def _example():
@@ -64,6 +67,51 @@ def _train(rank, world_size, tables):
 share_spawn(_train, [4, 8], TABLES)
 
 
+def _what_stock_does(rank, world_size):
+    """Stock's own clip_grad_norm_ on FSDP over TP, and DDP over TP's parameters in forward."""
+    import torch.nn.functional as F
+    from minddp.bench.transformer import gpt
+    from minddp.compose import parallelize
+    from minddp.dropin.libraries import LIBRARIES
+    seen = {}
+    for dp in ("fsdp", "ddp"):
+        lib = LIBRARIES["stock"]
+        mesh = lib.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        torch.manual_seed(0)
+        model = gpt()
+        stage = parallelize(model, mesh, lib, dp)
+        before = len(list(stage.parameters()))
+        x = torch.randint(0, 32, (4, 8), generator=torch.Generator().manual_seed(0))
+        F.cross_entropy(stage(x).flatten(0, 1), x.flatten()).backward()
+        seen[dp, "parameters before, after a forward"] = (before, len(list(stage.parameters())))
+        if dp == "fsdp":
+            try:
+                torch.nn.utils.clip_grad_norm_(stage.parameters(), 0.1)
+                seen["clip"] = "ran"
+            except RuntimeError as error:
+                seen["clip"] = str(error)
+    return seen
+
+
+share_spawn(_what_stock_does, [4])
+
+
+def test_stocks_own_clip_refuses_fsdp_over_tp_and_ddp_over_tp_hides_its_tp_weights():
+    for rank, seen in enumerate(shared_results(_what_stock_does, 4)):
+        # why clip.py and libraries.py take the norm per mesh, as torchtitan does
+        assert "All operands in aten.stack.default must have the same mesh" in seen["clip"]
+        assert seen["fsdp", "parameters before, after a forward"] == (36, 36), rank
+        # the 2 blocks' 12 TP weights each leave DDP's module.parameters() in forward
+        assert seen["ddp", "parameters before, after a forward"] == (36, 12), rank
+
+
+def test_clip_with_ddp_over_tp_is_refused_in_one_line():
+    example = _example()
+    args = example.parser().parse_args(["--mesh", "dp=2,tp=2", "--dp", "ddp", "--clip", "1"])
+    with pytest.raises(UsageError, match="^--clip with --dp ddp and tp: stock's DDP over TP"):
+        example.checked(args, 4)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _clean_tables():
     yield
@@ -87,11 +135,36 @@ def test_each_rank_holds_its_share_of_the_weights():
     printed = shared_results(_train, 8)
     # pp=2, dp=2, tp=2: stage 0 (embedding, block 0) and stage 1 (block 1, head), each
     # block's Linear layers halved over tp, everything halved again over dp.
-    firsts = {lines["--mesh pp=2,dp=2,tp=2 --untied", "manual"][0] for lines in printed}
+    firsts = {lines["--mesh pp=2,dp=2,tp=2 --untied --clip 0.1", "manual"][0] for lines in printed}
     assert {line.split("] ", 1)[1].split(": ", 1)[1] for line in firsts} == {
         "layers 0-1 of 4, holds 1164 of 7744 weight elements (15.0%)",
         "layers 2-3 of 4, holds 1116 of 7744 weight elements (14.4%)"}
     assert "[rank5] mesh (pp 1/2, dp 0/2, tp 1/2): layers 2-3" in "".join(firsts)
+
+
+@pytest.mark.parametrize("world_size, flags", [(w, f) for w, fs in MESHES.items() for f in fs
+                                               if "--clip" in f])
+def test_the_clipped_norm_is_the_whole_models_gradient_norm(world_size, flags):
+    """--clip's norm, printed on each dp rank's line, is the 2-norm of the whole model's
+    gradient, the one the gradient table holds."""
+    printed = shared_results(_train, world_size)
+    meta, grads = read_table(_table(TABLES, flags, "manual"))
+    norms = {}
+    for rank, lines in enumerate(printed):
+        for line in lines[flags, "manual"]:
+            if "grad norm" in line:  # this dp rank's: its batches
+                step = int(line.split("step ")[1].split("/")[0]) - 1
+                norms[rank, step] = float(line.rsplit(" ", 1)[1])
+    assert norms and len({s for _, s in norms}) == 3, printed[0][flags, "manual"]
+    for (rank, step), norm in norms.items():
+        # every rank's table row holds whole gradients (averaged over dp, gathered over dp
+        # and tp); with pp, a stage's own: another stage's weights are NaN on this rank
+        squares = 0.0
+        for name, g in grads.items():
+            holder = next(r for r in range(world_size) if not np.isnan(g[step, r]).any())
+            squares += float((g[step, holder].astype(np.float64) ** 2).sum())
+        assert norm == pytest.approx(squares ** 0.5, rel=1e-5), (rank, step)
+        assert norm > 0.1  # so the clip scaled every gradient
 
 
 def test_the_script_under_torchrun_trains_and_exits_cleanly(tmp_path):

@@ -1,4 +1,4 @@
-"""minddp's drop-ins beside stock's: the five calls a composition needs, picked by name.
+"""minddp's drop-ins beside stock's: the calls a composition needs, picked by name.
 
     torchrun --nproc_per_node=4 examples/gpt_nd.py --mesh dp=2,tp=2 --impl stock
 
@@ -8,20 +8,58 @@ trains minddp's composition and stock's side by side (examples/gpt_nd.py, tests/
 
 from types import SimpleNamespace
 
+import torch
+import torch.distributed as dist
 from torch.distributed import pipelining as stock_pipelining
 from torch.distributed.device_mesh import init_device_mesh as stock_mesh
 from torch.distributed.fsdp import fully_shard as stock_fully_shard
-from torch.distributed.tensor import parallel as stock_tp
+from torch.distributed.tensor import DTensor, parallel as stock_tp
 from torch.nn.parallel import DistributedDataParallel
 
-from .. import mesh as minddp_mesh, pp as minddp_pp, tp as minddp_tp
+from .. import clip, mesh as minddp_mesh, pp as minddp_pp, tp as minddp_tp
 from .ddp import ManualDDP
 from .fsdp import fully_shard
 
+
+def _as_dtensor(p):
+    """p's gradient as stock holds it; stock DDP over TP keeps each TP weight's local part
+    as a Parameter (_st_info: its DTensor's spec), whose gradient is a plain local part."""
+    spec = getattr(p, "_st_info", None)
+    if spec is None or isinstance(p.grad, DTensor):
+        return p.grad
+    return DTensor.from_local(p.grad, spec.mesh, spec.placements, run_check=False,
+                              shape=spec.shape, stride=spec.stride)
+
+
+@torch.no_grad()
+def stock_clip_grad_norm_(module, max_norm, mesh):
+    """torchtitan's clip_grad_norm_ on stock's calls: torch's norm per mesh (full_tensor()),
+    the meshes joined (sum of squares, sqrt), the stages summed over pp; then torch's
+    clip_grads_with_norm_. (torch.nn.utils.clip_grad_norm_ alone refuses gradients on two
+    meshes: FSDP over TP.)"""
+    by_mesh = {}
+    for p in module.parameters():
+        if p.grad is not None:
+            grad = _as_dtensor(p)
+            by_mesh.setdefault(getattr(grad, "device_mesh", None), []).append(grad)
+    norms = [torch.nn.utils.get_total_norm(grads) for grads in by_mesh.values()]
+    norms = [n.full_tensor() if isinstance(n, DTensor) else n for n in norms]
+    total = sum((norm ** 2 for norm in norms), torch.zeros(())) ** 0.5
+    if "pp" in mesh.mesh_dim_names:
+        total = total ** 2
+        dist.all_reduce(total, group=mesh["pp"].get_group())
+        total = total ** 0.5
+    torch.nn.utils.clip_grads_with_norm_([p.grad for p in module.parameters()
+                                          if p.grad is not None], max_norm, total)
+    return total
+
+
 LIBRARIES = {
     "manual": SimpleNamespace(init_device_mesh=minddp_mesh.init_device_mesh, tp=minddp_tp,
-                              fully_shard=fully_shard, DDP=ManualDDP, pipelining=minddp_pp),
+                              fully_shard=fully_shard, DDP=ManualDDP, pipelining=minddp_pp,
+                              clip_grad_norm_=clip.clip_grad_norm_),
     "stock": SimpleNamespace(init_device_mesh=stock_mesh, tp=stock_tp,
                              fully_shard=stock_fully_shard, DDP=DistributedDataParallel,
-                             pipelining=stock_pipelining),
+                             pipelining=stock_pipelining,
+                             clip_grad_norm_=stock_clip_grad_norm_),
 }

@@ -35,7 +35,8 @@ ORDER = [
     "minddp/pp.py", "minddp/pp_schedules.py", "examples/pipeline.py",
     "minddp/elastic.py", "examples/elastic.py",
     # composing them: every parallelism on one grid of ranks
-    "minddp/mesh.py", "minddp/mesh_plan.py", "minddp/compose.py", "examples/gpt_nd.py",
+    "minddp/mesh.py", "minddp/mesh_plan.py", "minddp/compose.py", "minddp/clip.py",
+    "examples/gpt_nd.py",
     # features and failures, each a small diff of manual_ddp.py
     "examples/accumulate.py", "examples/restart.py", "examples/uneven.py",
     "examples/break_ddp.py", "examples/break_fsdp.py", "examples/break_tp.py",
