@@ -73,7 +73,9 @@ def write_sizes(root=ROOT):
     count = (f"{len(lessons)} files, "
              f"{sum(len(p.read_text().splitlines()) for p in lessons)} lines in all")
     for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
-        text = re.sub(r"`((?:minddp|examples)/[\w/]+\.py)` \((\d+)", size, doc.read_text())
+        # "(N lines" or "(N)"; never "(9.1)", a section of the lesson named after a file
+        text = re.sub(r"`((?:minddp|examples)/[\w/]+\.py)` \((\d+)(?=[ )])", size,
+                      doc.read_text())
         if doc.name == "README.md":
             text = re.sub(r"\d+ files, \d+ lines in all", count, text)
         if in_doc(text) is not None:  # a reading-order table: made again from the files
