@@ -12,8 +12,8 @@ embeddings, pre-LN blocks with causal attention and an MLP, the output layer tie
 token embedding), trained with AdamW on random token sequences, next-token loss. The mesh
 (--mesh, outermost first) is built by minddp's init_device_mesh or stock's, and the model
 is parallelized in torchtitan's order (minddp/compose.py): cut into pipeline stages over pp
-(1F1B, max(2, pp) microbatches), each block's layers split over tp, then fully_shard (or --dp ddp)
-over dp. Each dp rank trains on its own batches; the tp ranks of one dp rank share them.
+(1F1B, max(2, pp) microbatches), each block's layers split over tp, then fully_shard (or
+--dp ddp) over dp. Each dp rank trains on its own batches; the tp ranks of one dp rank share them.
 --clip clips the norm of the whole model's gradient, taken over every rank (minddp/clip.py;
 stock's calls in torchtitan's way, dropin/libraries.py), after the table records it.
 Each rank prints its coordinates and what it holds; the gradient table holds each rank's

@@ -1,7 +1,7 @@
 """Every parallelism on one mesh: pipeline stages, tensor-parallel layers, sharded weights.
 
     torchrun --nproc_per_node=8 examples/gpt_nd.py --mesh pp=2,dp=2,tp=2 --untied
-    pytest tests/test_mesh.py
+    pytest tests/test_capstone.py
 
 Each lesson so far spreads one idea over all of its ranks. Real training composes them on
 one DeviceMesh (mesh.py), each along its own dimension, and in a fixed order (torchtitan's,
@@ -15,9 +15,9 @@ applies TP, then activation checkpointing, then FSDP):
   3. dp: fully_shard each block, then the stage (fsdp.py): it shards whatever it finds, so
      a TP slice is cut again into dp blocks; or DDP, which keeps whole slices and averages.
 
-Each function takes `lib`: the five calls (init_device_mesh, tp, fully_shard, DDP,
-pipelining) from minddp or from stock PyTorch (dropin/libraries.py), so one function builds
-both and examples/gpt_nd.py trains the two side by side, bit for bit. In the order below:
+Each function takes `lib`: the calls (init_device_mesh, tp, fully_shard, DDP, pipelining)
+from minddp or from stock PyTorch (dropin/libraries.py), so one function builds both and
+examples/gpt_nd.py trains the two side by side, bit for bit. In the order below:
   tp_plan        the plan for one block: column splits in, row splits out
   parallelize    split (pp), then tensor parallel (tp), then fully_shard or DDP (dp)
   pipeline       the stage and its 1F1B schedule on the pp dimension

@@ -173,3 +173,16 @@ def test_mesh_bench_holds_the_formula_and_sends_what_the_composition_says():
         # back: one batch's activations each way; minddp adds a small header per send
         assert pp_stock == pytest.approx(activation, rel=1e-12), rank
         assert activation < pp_mine < activation + 2**-10, rank
+
+
+def test_mesh_picture_draws_the_measured_bytes(tmp_path):
+    from minddp.tools.pictures import draw_held_and_activations
+    result = shared_results(_mesh_bench, 4)[0]
+    rows = [{"ranks": 4, "way": f"{text} {impl}", "params": r["held"][0], "grads": r["held"][1],
+             "optimizer": r["held"][2], "activations": r["held"][3]}
+            for (text, impl), r in result.items()]
+    drawn = draw_held_and_activations(rows, tmp_path / "mesh.png", "test", "title", "caption")
+    for row in rows:
+        bar = drawn[(4, row["way"])]
+        assert [bar[k] for k in ("params", "grads", "optimizer", "gathered")] == \
+               [row[k] for k in ("params", "grads", "optimizer", "activations")], row["way"]

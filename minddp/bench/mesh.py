@@ -53,7 +53,7 @@ from ..compose import blocks_of, parallelize, pipeline, tp_plan  # noqa: E402
 from ..dropin.libraries import LIBRARIES  # noqa: E402
 from ..mesh_plan import parse_mesh  # noqa: E402
 from ..pp import stage_layers  # noqa: E402
-from ..tools.pictures import draw_memory  # noqa: E402
+from ..tools.pictures import draw_held_and_activations  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 from .harness import collect_rows, machine  # noqa: E402
@@ -195,17 +195,13 @@ def main(args):
     print(tabulate([table_row(r) for r in rows], headers=HEADERS, tablefmt=args.format,
                    disable_numparse=True))
     if args.png:
-        bars = {(r["ranks"], r["way"]): {"params": r["params"], "grads": r["grads"],
-                                         "optimizer": r["optimizer"],
-                                         "gathered": r["activations"]} for r in rows}
-        draw_memory(rows, args.png, machine(args), bars=bars,
-                    legend=["parameters (P)", "gradients (G)", "optimizer state (O)",
-                            "activations saved for backward"],
-                    title=f"What each rank holds on each mesh: a GPT of {SIZES['blocks']}"
-                          f" blocks (width {SIZES['d']}), AdamW, batch {args.batch} x"
-                          f" {SIZES['tokens']} tokens per dp rank",
-                    caption="Largest rank. Each mesh twice: minddp's composition, then"
-                            " stock's (the same bars: the same tensors held).")
+        draw_held_and_activations(
+            rows, args.png, machine(args),
+            title=f"What each rank holds on each mesh: a GPT of {SIZES['blocks']} blocks"
+                  f" (width {SIZES['d']}), AdamW, batch {args.batch} x {SIZES['tokens']}"
+                  " tokens per dp rank",
+            caption="Largest rank. Each mesh twice: minddp's composition, then stock's (the"
+                    " same bars: the same tensors held).")
         print(f"picture: {args.png}")
 
 

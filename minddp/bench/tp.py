@@ -54,7 +54,7 @@ from torch.distributed.tensor import parallel as stock_tp  # noqa: E402
 from .. import sp as minddp_sp, tp as minddp_tp  # noqa: E402
 from ..dropin.ddp import ManualDDP  # noqa: E402
 from ..fsdp import fully_shard  # noqa: E402
-from ..tools.pictures import draw_memory  # noqa: E402
+from ..tools.pictures import draw_held_and_activations  # noqa: E402
 from .harness import (collect_rows, counting_collectives, machine, print_table,  # noqa: E402
                       time_steps, timed_rounds)
 from .transformer import BLOCKS, TOKENS, WIDTH, Classifier  # noqa: E402
@@ -188,17 +188,13 @@ def main(args):
         return  # a rank other than 0, under torchrun
     print_table(args, [table_row(r) for r in rows], HEADERS, what="way")
     if args.png:
-        bars = {(r["ranks"], r["way"]): {"params": r["params"], "grads": r["grads"],
-                                         "optimizer": r["optimizer"],
-                                         "gathered": r["activations"]} for r in rows}
-        draw_memory(rows, args.png, machine(args), bars=bars,
-                    legend=["parameters (P)", "gradients (G)", "optimizer state (O)",
-                            "activations saved for backward"],
-                    title=f"What each rank holds: {BLOCKS} transformer blocks (width {WIDTH}),"
-                          f" AdamW, batch {args.batch} x {TOKENS} tokens",
-                    caption="Every way trains on the same batch on every rank. TP: a slice of"
-                            " each layer per rank; SP: also a slice of the tokens between the"
-                            " splits. Largest rank.")
+        draw_held_and_activations(
+            rows, args.png, machine(args),
+            title=f"What each rank holds: {BLOCKS} transformer blocks (width {WIDTH}), AdamW,"
+                  f" batch {args.batch} x {TOKENS} tokens",
+            caption="Every way trains on the same batch on every rank. TP: a slice of each"
+                    " layer per rank; SP: also a slice of the tokens between the splits."
+                    " Largest rank.")
         print(f"picture: {args.png}")
 
 

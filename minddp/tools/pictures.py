@@ -157,6 +157,17 @@ def memory_bars(rows):
     return bars
 
 
+def draw_held_and_activations(rows, path, machine, title, caption):
+    """draw_memory for rows of params, grads, optimizer and activations MB (tp-bench's,
+    mesh-bench's): the activations autograd saves stand where the gathered weights stood."""
+    bars = {(r["ranks"], r["way"]): {"params": r["params"], "grads": r["grads"],
+                                     "optimizer": r["optimizer"], "gathered": r["activations"]}
+            for r in rows}
+    return draw_memory(rows, path, machine, bars=bars, title=title, caption=caption,
+                       legend=["parameters (P)", "gradients (G)", "optimizer state (O)",
+                               "activations saved for backward"])
+
+
 def draw_memory(rows, path, machine, bars=None, legend=None, title=None, caption=None):
     """Stacked bars per world size and way, one model; the ideal (P+G+O)/W as a mark.
 
