@@ -187,7 +187,7 @@ def test_gpipe_and_1f1b_differ_only_in_order():
     ("batch not divisible", "a batch of 16 cannot be cut into 3 equal microbatches"),
     ("stage without weights", "has no parameters"),
     ("a stage of the cut without weights", "3 stages of a model of 4 layers: stage 1 would hold"),
-    ("stages not ranks", "3 stages on 2 ranks: this pipeline runs one stage per rank")])
+    ("stages not ranks", "3 stages on 2 ranks: the stages must share the ranks evenly")])
 def test_bad_input_is_one_line(mistake, message):
     for out in _results(2):
         said = out["mistakes"][mistake]

@@ -32,7 +32,8 @@ ORDER = [
     # tensor and sequence parallelism
     "minddp/tp_ops.py", "minddp/tp.py", "minddp/sp.py", "minddp/tp_plan.py", "examples/tp.py",
     # pipeline parallelism, elastic training
-    "minddp/pp.py", "minddp/pp_schedules.py", "examples/pipeline.py",
+    "minddp/pp.py", "minddp/pp_schedules.py", "minddp/pp_interleaved.py",
+    "examples/pipeline.py",
     "minddp/elastic.py", "examples/elastic.py",
     # composing them: every parallelism on one grid of ranks
     "minddp/mesh.py", "minddp/mesh_plan.py", "minddp/compose.py", "minddp/clip.py",

@@ -1,0 +1,153 @@
+"""Virtual pipeline stages (minddp/pp_interleaved.py) against torch.distributed.pipelining.
+
+    pytest tests/test_pp_interleaved.py
+
+Every rank's list of actions, for many (ranks, stages per rank, microbatches), equal to
+stock's `get_schedule_ops` (None slots included), in-process. Then one spawn per world
+size (2 ranks with 4 stages, 4 ranks with 8) trains the same layers with stock's schedule
+and minddp's, 3 AdamW steps: per rank and step the losses, every gradient of every local
+stage and every updated weight `torch.equal` to stock's and to one process accumulating the
+microbatches in the schedule's order; and the actions each rank ran, recorded from stock's
+stages while they ran, equal to minddp's, action for action.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed import pipelining as stock_pp
+from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+from helpers import share_spawn, shared_results
+from minddp import pp, pp_interleaved
+
+WIDTH, BATCH, LOCAL = 16, 16, 2  # LOCAL: stages per rank
+SCHEDULES = {"Interleaved1F1B": (pp_interleaved.interleaved_1f1b,
+                                 pp_interleaved.ScheduleInterleaved1F1B),
+             "LoopedBFS": (pp_interleaved.looped_bfs, pp_interleaved.ScheduleLoopedBFS)}
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_each_ranks_actions_are_stocks(name):
+    actions = SCHEDULES[name][0]
+    for ranks in (2, 3, 4):
+        for local in (2, 3):
+            for n in (2, 3, 4, 6, 8, 12):
+                stock = get_schedule_ops(name, ranks, n, num_stages_per_rank=local)
+                for rank in range(ranks):
+                    ours = actions(rank, ranks, local, n)
+                    assert ours == [None if a is None else str(a) for a in stock[rank]], \
+                        (ranks, local, n, rank)
+
+
+def model():  # 16 layers: 8 Linear, each followed by Tanh; 8 stages of one Linear each at most
+    torch.manual_seed(0)
+    return nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(WIDTH, WIDTH), nn.Tanh())])
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
+
+
+def _recorded(stages, log):
+    """Stock's stages, noting each action they run as "sFi", "sBi", "sIi" or "sWi"."""
+    for stage in stages:
+        forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+        weight = stage.backward_weight_one_chunk
+
+        def forward_one_chunk(i, *args, _s=stage.stage_index, _f=forward, **kwargs):
+            log.append(f"{_s}F{i}")
+            return _f(i, *args, **kwargs)
+
+        def backward_one_chunk(i, *args, _s=stage.stage_index, _b=backward, **kwargs):
+            log.append(f"{_s}{'B' if kwargs.get('full_backward', True) else 'I'}{i}")
+            return _b(i, *args, **kwargs)
+
+        def backward_weight_one_chunk(i, *args, _s=stage.stage_index, _w=weight, **kwargs):
+            log.append(f"{_s}W{i}")
+            return _w(i, *args, **kwargs)
+        stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
+        stage.backward_weight_one_chunk = backward_weight_one_chunk
+
+
+def _case(rank, world_size, name, n, steps=3):
+    """Per step: what differs between stock, minddp and one process; and the actions run."""
+    num_stages = LOCAL * world_size
+    local = [s for s in range(num_stages) if s % world_size == rank]
+    whole = model()
+    layers = {who: [copy.deepcopy(pp.stage_layers(whole, s, num_stages)) for s in local]
+              for who in ("stock", "minddp")}
+    stock_stages = [stock_pp.PipelineStage(m, s, num_stages, torch.device("cpu"))
+                    for m, s in zip(layers["stock"], local)]
+    stock_log = []
+    _recorded(stock_stages, stock_log)
+    ours_stages = [pp.PipelineStage(m, s, num_stages) for m, s in zip(layers["minddp"], local)]
+    runners = {"stock": getattr(stock_pp, f"Schedule{name}")(stock_stages, n, loss_fn=F.mse_loss),
+               "minddp": SCHEDULES[name][1](ours_stages, n, loss_fn=F.mse_loss)}
+    params = {who: [p for m in ms for p in m.parameters()] for who, ms in layers.items()}
+    mine = [p for s in local for p in pp.stage_layers(whole, s, num_stages).parameters()]
+    params["one process"] = mine
+    optimizers = {"stock": torch.optim.AdamW(params["stock"], lr=1e-2, foreach=False),
+                  "minddp": torch.optim.AdamW(params["minddp"], lr=1e-2, foreach=False),
+                  "one process": torch.optim.AdamW(whole.parameters(), lr=1e-2, foreach=False)}
+    first, last = 0 in local, num_stages - 1 in local
+    verdicts = []
+    for step in range(steps):
+        x, y = batch(step)
+        seen = {}
+        for who, runner in runners.items():
+            optimizers[who].zero_grad()
+            losses = []
+            runner.step(*([x] if first else []), target=y if last else None,
+                        losses=losses if last else None)
+            seen[who] = ([loss.item() for loss in losses], [p.grad.clone() for p in params[who]])
+        optimizers["one process"].zero_grad()  # gradient accumulation, divided once (as stock)
+        order = range(n) if name != "LoopedBFS" else reversed(range(n))  # its backwards: last first
+        pieces = list(zip(x.chunk(n), y.chunk(n)))
+        outs = [F.mse_loss(whole(xi), yi) for xi, yi in pieces]
+        for i in order:
+            outs[i].backward()
+        for p in whole.parameters():
+            p.grad.div_(n)
+        seen["one process"] = ([o.item() for o in outs] if last else [],
+                               [p.grad.clone() for p in mine])
+        for optimizer in optimizers.values():
+            optimizer.step()
+        differ = []
+        for who in ("minddp", "one process"):
+            if seen[who][0] != seen["stock"][0]:
+                differ.append(f"{who}: losses")
+            if not all(torch.equal(a, b) for a, b in zip(seen[who][1], seen["stock"][1])):
+                differ.append(f"{who}: gradients")
+            if not all(torch.equal(a.detach(), b.detach())
+                       for a, b in zip(params[who], params["stock"])):
+                differ.append(f"{who}: weights")
+        verdicts.append(differ or "equal")
+    return verdicts, stock_log, runners["minddp"].log * steps
+
+
+CASES = {2: [(name, n) for name in SCHEDULES for n in (4, 8)],
+         4: [(name, n) for name in SCHEDULES for n in (4, 8)]}
+
+
+def _everything(rank, world_size):
+    return {case: _case(rank, world_size, *case) for case in CASES[world_size]}
+
+
+share_spawn(_everything, [2, 4])
+
+
+@pytest.mark.parametrize("world_size,case", [(w, c) for w, cs in CASES.items() for c in cs],
+                         ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else
+                         f"{v}_ranks")
+def test_virtual_stages_are_bitwise_stocks_action_for_action(world_size, case):
+    name, n = case
+    expected = get_schedule_ops(name, world_size, n, num_stages_per_rank=LOCAL)
+    for rank, out in enumerate(shared_results(_everything, world_size)):
+        verdicts, stock_log, ours_log = out[case]
+        assert verdicts == ["equal"] * 3, f"rank {rank}: {verdicts}"
+        assert ours_log == stock_log, f"rank {rank}: the actions differ from what stock ran"
+        assert ours_log[:len(ours_log) // 3] == [str(a) for a in expected[rank] if a], rank
