@@ -121,8 +121,8 @@ class PipelineStage:
 
 
 # The schedules live beside their action lists; minddp.pp offers them, as stock's module does.
-from .pp_schedules import (Schedule, Schedule1F1B, ScheduleGPipe,  # noqa: E402
-                           sync_gradients)
+from .pp_schedules import (Schedule, Schedule1F1B, ScheduleGPipe, gpipe,  # noqa: E402
+                           one_f_one_b, sync_gradients)
 
 __all__ = ["stage_layers", "PipelineStage", "Schedule", "ScheduleGPipe", "Schedule1F1B",
-           "sync_gradients"]
+           "gpipe", "one_f_one_b", "sync_gradients"]
