@@ -29,6 +29,7 @@ from .usage_error import UsageError
 from .groups import global_rank
 
 MAX_DIMS = 8  # an activation's shape travels in a header of this many numbers
+LOCAL = {}  # tag -> tensors handed from a stage to a neighbour stage on the same rank
 
 
 def stage_layers(model, stage_index, num_stages):
@@ -106,12 +107,17 @@ class PipelineStage:
         # Both are sent without waiting (isend): the next stage may not be receiving yet.
         # The tag names the link (stage link to link + 1) and the direction: two ranks that
         # share several links (virtual stages) keep each one's messages apart.
+        tag = 2 * link + backward
+        if dst == dist.get_rank():  # the neighbour stage is on this rank too (a V's turn)
+            LOCAL.setdefault(tag, []).append(tensor)
+            return
         shape = [tensor.dim(), *tensor.shape] + [0] * (MAX_DIMS - tensor.dim())
         for t in (torch.tensor(shape, device=self.device), tensor.contiguous()):
-            self.sending.append((t, dist.isend(t, dst, group=self.group,
-                                               tag=2 * link + backward)))
+            self.sending.append((t, dist.isend(t, dst, group=self.group, tag=tag)))
 
     def recv(self, src, link, backward=0):
+        if src == dist.get_rank():
+            return LOCAL[2 * link + backward].pop(0)
         header = torch.empty(MAX_DIMS + 1, dtype=torch.long, device=self.device)
         dist.recv(header, src, group=self.group, tag=2 * link + backward)
         tensor = torch.empty(header[1:1 + header[0]].tolist(), dtype=self.dtype,

@@ -60,13 +60,15 @@ def rounds(pp, n, what="Interleaved 1F1B"):
     return n // count
 
 
-def interleaved_1f1b(rank, pp, n_local, n):
+def interleaved_1f1b(rank, pp, n_local, n, zero_bubble=False):
     """Depth first: forwards round-robin over the local stages, `per_round` microbatches at
     a stage before moving on, so microbatch 0 reaches the last stage early; its backward
     starts the steady state of one F and one B; the backwards then go round the stages in
-    reverse. The rank further from the last stage warms up with 2 more forwards per hop."""
-    per_round = rounds(pp, n)
-    warmup = min((n_local - 1) * per_round + 2 * (pp - 1 - rank), n * n_local)
+    reverse. The rank further from the last stage warms up with 2 more forwards per hop.
+    zero_bubble (pp_zero_bubble.py): 1 more per hop, each B split into I now and W later."""
+    per_round = rounds(pp, n, "Zero bubble" if zero_bubble else "Interleaved 1F1B")
+    hop = 1 if zero_bubble else 2
+    warmup = min((n_local - 1) * per_round + hop * (pp - 1 - rank), n * n_local)
     total = n * n_local  # forwards (and backwards) this rank runs
 
     def forward_stage(op):  # op-th forward: local stage (op // per_round) % n_local
@@ -75,27 +77,36 @@ def interleaved_1f1b(rank, pp, n_local, n):
     def backward_stage(op):
         return (n_local - 1 - (op - warmup) // per_round % n_local) * pp + rank
 
-    forwards, backwards = {}, {}  # stage -> the next microbatch of that stage
+    counts = {}  # (stage, kind) -> the next microbatch of that stage
 
-    def next_of(counts, stage):
-        counts[stage] = counts.get(stage, 0) + 1
-        return counts[stage] - 1
+    def act(stage, kind):
+        i = counts[stage, kind] = counts.get((stage, kind), -1) + 1
+        return _action(stage, kind, i)
 
-    actions = [None] * rank
+    actions, backward_ops = [None] * rank, []
     for op in range(warmup):
-        stage = forward_stage(op)
-        actions.append(_action(stage, "F", next_of(forwards, stage)))
+        actions.append(act(forward_stage(op), "F"))
     # idle until the first backward arrives: slot n_local*pp + 2*(pp-1-rank) of the step
-    actions += [None] * (n_local * pp + 2 * (pp - 1 - rank) - warmup - rank)
-    for op in range(warmup, total):  # steady state: one forward, one backward
-        stage = forward_stage(op)
-        actions.append(_action(stage, "F", next_of(forwards, stage)))
-        stage = backward_stage(op)
-        actions.append(_action(stage, "B", next_of(backwards, stage)))
-    for op in range(total, total + warmup):  # cool-down: the backwards left
-        stage = backward_stage(op)
-        actions += [None, _action(stage, "B", next_of(backwards, stage))]
+    # (zero bubble: a W fills what would be idle, so only the hops back are waited for)
+    idle = pp - rank - 1 if zero_bubble else n_local * pp + 2 * (pp - 1 - rank) - warmup - rank
+    actions += [None] * idle
+    for op in range(warmup, total + warmup):  # steady state: one F, one B; then the Bs left
+        if op < total:
+            actions.append(act(forward_stage(op), "F"))
+        elif not zero_bubble:
+            actions.append(None)  # the cool-down waits a slot for each gradient
+        actions.append(act(backward_stage(op), "I" if zero_bubble else "B"))
+        backward_ops.append(op)
+        if zero_bubble and op - warmup >= rank:  # after `rank` 1F1B pairs, a W per I
+            actions.append(act(backward_stage(backward_ops[counts_w(counts)]), "W"))
+    while zero_bubble and counts_w(counts) < len(backward_ops):  # the Ws left, in I's order
+        actions.append(act(backward_stage(backward_ops[counts_w(counts)]), "W"))
     return actions
+
+
+def counts_w(counts):
+    """How many W actions have been placed so far."""
+    return sum(i + 1 for (_, kind), i in counts.items() if kind == "W")
 
 
 class ScheduleMulti(Schedule):
@@ -122,8 +133,12 @@ class ScheduleMulti(Schedule):
         self.log = []  # the actions run, "sFi", in order
 
     def order(self):
+        return self.parsed(self.rank_actions(self.rank, self.pp, self.n_local, self.n))
+
+    def parsed(self, actions):
+        """["0F0", None, "2F0", ...] -> [(stage 0, "F", 0), (stage 2, "F", 0), ...]."""
         by_index = {stage.index: stage for stage in self.stages}
-        actions = [a for a in self.rank_actions(self.rank, self.pp, self.n_local, self.n) if a]
+        actions = [a for a in actions if a]
         self.log = actions
         return [(by_index[int(s)], kind, int(i))
                 for s, kind, i in (re.fullmatch(r"(\d+)([FBIW])(\d+)", a).groups()

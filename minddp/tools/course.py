@@ -33,6 +33,7 @@ ORDER = [
     "minddp/tp_ops.py", "minddp/tp.py", "minddp/sp.py", "minddp/tp_plan.py", "examples/tp.py",
     # pipeline parallelism, elastic training
     "minddp/pp.py", "minddp/pp_schedules.py", "minddp/pp_interleaved.py",
+    "minddp/pp_zero_bubble.py", "minddp/pp_v.py",
     "examples/pipeline.py",
     "minddp/elastic.py", "examples/elastic.py",
     # composing them: every parallelism on one grid of ranks
