@@ -14,6 +14,8 @@ Stock's API: ScheduleZBVZeroBubble(stages, m, loss_fn) and ScheduleDualPipeV, ea
 the rank's two PipelineStages; step() as before.
 """
 
+import torch.distributed as dist
+
 from .pp_interleaved import _action
 from .pp_zero_bubble import ZeroBubble, _parse
 from .usage_error import UsageError
@@ -112,11 +114,13 @@ class VShaped(ZeroBubble):
     placement = staticmethod(v_placement)
 
     def __init__(self, stages, n_microbatches, loss_fn=None):
-        super().__init__(stages, n_microbatches, loss_fn)
-        if self.n_local != 2:
+        stages = list(stages)  # the count first: a V of more stages has no placement
+        ranks = dist.get_world_size(stages[0].group)
+        if stages[0].num_stages != 2 * ranks:
             raise UsageError(f"{type(self).__name__} runs 2 stages per rank, not"
-                             f" {self.n_local}", same_on_every_rank=True,
-                             hint=f"cut the model into {2 * self.pp} stages, two per rank")
+                             f" {stages[0].num_stages / ranks:g}", same_on_every_rank=True,
+                             hint=f"cut the model into {2 * ranks} stages, two per rank")
+        super().__init__(stages, n_microbatches, loss_fn)
 
 
 class ScheduleZBVZeroBubble(VShaped):

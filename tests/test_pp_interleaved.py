@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.distributed import pipelining as stock_pp
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
-from helpers import share_spawn, shared_results
+from helpers import share_spawn, shared_results, usage_errors
 from minddp import pp, pp_interleaved, pp_v, pp_zero_bubble
 
 WIDTH, BATCH, LOCAL = 16, 16, 2  # LOCAL: stages per rank
@@ -162,8 +162,51 @@ CASES = {2: [(name, n) for name in SCHEDULES for n in (4, 8)],
          + [("DualPipeV", 16)]}
 
 
+def _mistakes(rank, world_size):
+    """What each schedule refuses, on 2 ranks (each rank its own stages of 4)."""
+    def stages(indices):
+        return [pp.PipelineStage(pp.stage_layers(model(), s, 4), s, 4) for s in indices]
+    loop, v = [rank, rank + 2], [rank, 3 - rank]
+    return usage_errors([
+        ("a V schedule on a loop's stages", lambda: pp_v.ScheduleZBVZeroBubble(
+            stages(loop), 4, F.mse_loss)),
+        ("a loop schedule on a V's stages", lambda: pp_interleaved.ScheduleInterleaved1F1B(
+            stages(v), 4, F.mse_loss)),
+        ("DualPipeV, fewer microbatches than stages", lambda: pp_v.ScheduleDualPipeV(
+            stages(v), 2, F.mse_loss)),
+        ("interleaved, microbatches not a multiple of the rounds", lambda:
+            pp_interleaved.ScheduleInterleaved1F1B(stages(loop), 5, F.mse_loss).order()),
+        ("ZBV, three stages per rank", lambda: pp_v.ScheduleZBVZeroBubble(
+            [pp.PipelineStage(pp.stage_layers(model(), s, 6), s, 6)
+             for s in (rank, 3 - rank, 4 + rank)], 4, F.mse_loss)),
+        ("one-stage schedule, two stages", lambda: pp.ScheduleGPipe(stages(loop)[0], 4,
+                                                                    F.mse_loss)),
+    ])
+
+
 def _everything(rank, world_size):
-    return {case: _case(rank, world_size, *case) for case in CASES[world_size]}
+    out = {case: _case(rank, world_size, *case) for case in CASES[world_size]}
+    if world_size == 2:
+        out["mistakes"] = _mistakes(rank, world_size)
+    return out
+
+
+@pytest.mark.parametrize("mistake, message", [
+    ("a V schedule on a loop's stages", "ScheduleZBVZeroBubble places stages [0, 3] on rank 0,"
+                                        " which was given stages [0, 2]"),
+    ("a loop schedule on a V's stages", "ScheduleInterleaved1F1B places stages [0, 2] on"
+                                        " rank 0, which was given stages [0, 3]"),
+    ("DualPipeV, fewer microbatches than stages", "DualPipeV with 2 microbatches on 4 stages:"
+                                                  " it needs at least one per stage"),
+    ("interleaved, microbatches not a multiple of the rounds", "Interleaved 1F1B with 5"
+     " microbatches on 2 ranks: 5 is not a multiple of the 2 rounds"),
+    ("ZBV, three stages per rank", "ScheduleZBVZeroBubble runs 2 stages per rank, not 3"),
+    ("one-stage schedule, two stages", "4 stages on 2 ranks: ScheduleGPipe runs one stage per"
+                                       " rank"),
+])
+def test_bad_input_is_one_line(mistake, message):
+    said = shared_results(_everything, 2)[0]["mistakes"][mistake]
+    assert said is not None and said.startswith(message), said
 
 
 share_spawn(_everything, [2, 4])
