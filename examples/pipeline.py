@@ -3,6 +3,7 @@
     torchrun --nproc_per_node=2 examples/pipeline.py --grad-table runs/pp.txt
     torchrun --nproc_per_node=2 examples/pipeline.py --pp stock --grad-table runs/pp-stock.txt
     minddp diff runs/pp.txt runs/pp-stock.txt          # IDENTICAL (also with --schedule gpipe)
+    torchrun --nproc_per_node=2 examples/pipeline.py --schedule zbv --grad-table runs/zbv.txt
 
 examples/manual_ddp.py with the wrapper replaced: rank s holds stage s of the model's layers
 (minddp/pp.py; docs/pp.md), e.g. at 2 ranks Linear(2, 30), ReLU, Linear(30, 20) on rank 0
@@ -10,6 +11,11 @@ and ReLU, Linear(20, 2) on rank 1. Every rank walks the same batches; each batch
 into --microbatches pieces that flow forward and back in the --schedule's order, which rank
 prints for the first batch. The last stage computes the loss; a gradient table holds each
 rank's own stage (the other stages' weights, which have no gradient there, as NaN).
+--schedule interleaved-1f1b, looped-bfs, zb1p, zbv and dualpipev run 2 stages per rank
+(pp_interleaved.py, pp_zero_bubble.py, pp_v.py): the model gets Linear(20, 20) and ReLU
+before its last layer until each of the 2 x ranks stages holds one (at 2 ranks: one pair);
+zbv and dualpipev place them in a V (rank 0 holds the first and the last stage), and
+dualpipev needs --microbatches of at least 2 x ranks.
 """
 
 from minddp.run.cli import lesson_parser, parse_checked  # no torch: a typo costs a moment
@@ -25,6 +31,14 @@ from minddp import (GradTable, NeuralNetwork, ddp_setup, ddp_teardown, exit_on_f
 from minddp import ShardSampler
 import minddp.pp as minddp_pp
 from torch.distributed import pipelining as stock_pp
+from minddp.pp_interleaved import loop_placement
+from minddp.pp_v import v_placement
+
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",  # --schedule: the class
+             "interleaved-1f1b": "ScheduleInterleaved1F1B", "looped-bfs": "ScheduleLoopedBFS",
+             "zb1p": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+             "dualpipev": "ScheduleDualPipeV"}
+VIRTUAL = list(SCHEDULES)[2:]  # 2 stages per rank
 
 
 def main(env, args):
@@ -36,14 +50,23 @@ def main(env, args):
         sampler=ShardSampler(train_ds, num_replicas=1, rank=0))  # every rank all of it
 
     model = NeuralNetwork(num_inputs=2, num_outputs=2).to(env.device)
-    layers = minddp_pp.stage_layers(model.layers, env.rank, env.world_size)  # this rank's
+    num_stages = env.world_size * (2 if args.schedule in VIRTUAL else 1)
+    while sum(isinstance(m, torch.nn.Linear) for m in model.layers) < num_stages:
+        # 2 stages per rank need more layers with weights than the lesson's 3: one more
+        # Linear(20, 20) and ReLU before the last layer, until each stage holds one
+        model.layers.insert(-1, torch.nn.ReLU())
+        model.layers.insert(-2, torch.nn.Linear(20, 20).to(env.device))
+    place = v_placement if args.schedule in ("zbv", "dualpipev") else loop_placement
+    mine = [s for s in range(num_stages) if place(s, env.world_size) == env.rank]
+    stages = [minddp_pp.stage_layers(model.layers, s, num_stages) for s in mine]  # this rank's
     pp = minddp_pp if args.pp == "manual" else stock_pp
-    schedule = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B}[args.schedule](
-        pp.PipelineStage(layers, env.rank, env.world_size, env.device),
-        args.microbatches, loss_fn=F.cross_entropy)
-    optimizer = torch.optim.SGD(layers.parameters(), lr=0.5)  # this stage's weights only
+    built = [pp.PipelineStage(layers, s, num_stages, env.device) for layers, s in zip(stages, mine)]
+    schedule = getattr(pp, SCHEDULES[args.schedule])(
+        built if args.schedule in VIRTUAL else built[0], args.microbatches,
+        loss_fn=F.cross_entropy)
+    optimizer = torch.optim.SGD([p for layers in stages for p in layers.parameters()], lr=0.5)
     grad_table = GradTable(model, args.grad_table)  # other stages' weights: NaN, no gradient
-    first, last = env.rank == 0, env.rank == env.world_size - 1
+    first, last = 0 in mine, num_stages - 1 in mine
 
     for epoch in range(args.epochs):
         train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
@@ -55,8 +78,9 @@ def main(env, args):
                           losses=losses if last else None)
             grad_table.record(epoch)
             optimizer.step()
-            if epoch == step == 0 and args.pp == "manual":
-                print_rank(f"stage {env.rank}, {args.schedule}: {' '.join(schedule.stage.log)}")
+            if epoch == step == 0 and args.pp == "manual":  # (several stages: "sF0" is stage s's)
+                log = schedule.log if args.schedule in VIRTUAL else schedule.stage.log
+                print_rank(f"stage {', '.join(map(str, mine))}, {args.schedule}: {' '.join(log)}")
             if last:
                 print_rank(f"Epoch: {epoch + 1:03d}/{args.epochs:03d}"
                            f" | Batchsize {labels.shape[0]:03d}"

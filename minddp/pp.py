@@ -126,9 +126,16 @@ class PipelineStage:
         return tensor
 
 
-# The schedules live beside their action lists; minddp.pp offers them, as stock's module does.
+# The schedules live beside their action lists; minddp.pp offers them all, as stock's
+# torch.distributed.pipelining does.
 from .pp_schedules import (Schedule, Schedule1F1B, ScheduleGPipe, gpipe,  # noqa: E402
                            one_f_one_b, sync_gradients)
 
+from .pp_interleaved import ScheduleInterleaved1F1B, ScheduleLoopedBFS  # noqa: E402
+from .pp_zero_bubble import ScheduleInterleavedZeroBubble  # noqa: E402
+from .pp_v import ScheduleDualPipeV, ScheduleZBVZeroBubble  # noqa: E402
+
 __all__ = ["stage_layers", "PipelineStage", "Schedule", "ScheduleGPipe", "Schedule1F1B",
-           "gpipe", "one_f_one_b", "sync_gradients"]
+           "gpipe", "one_f_one_b", "sync_gradients", "ScheduleInterleaved1F1B",
+           "ScheduleLoopedBFS", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble",
+           "ScheduleDualPipeV"]

@@ -11,7 +11,14 @@ microbatches in the schedule's order; and the actions each rank ran, recorded fr
 stages while they ran, equal to minddp's, action for action.
 """
 
+import contextlib
 import copy
+import importlib.util
+import io
+import os
+import shutil
+import sys
+import tempfile
 
 import pytest
 import torch
@@ -20,7 +27,7 @@ import torch.nn.functional as F
 from torch.distributed import pipelining as stock_pp
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
-from helpers import share_spawn, shared_results, usage_errors
+from helpers import REPO, run, share_spawn, shared_results, usage_errors
 from minddp import pp, pp_interleaved, pp_v, pp_zero_bubble
 
 WIDTH, BATCH, LOCAL = 16, 16, 2  # LOCAL: stages per rank
@@ -184,10 +191,37 @@ def _mistakes(rank, world_size):
     ])
 
 
-def _everything(rank, world_size):
+VIRTUAL = ["interleaved-1f1b", "looped-bfs", "zb1p", "zbv", "dualpipev"]
+TABLES = os.path.join(tempfile.gettempdir(), f"minddp-pp-virtual-{os.getpid()}")
+
+
+def _example_tables(rank, world_size, tables):
+    """examples/pipeline.py's main() for each virtual schedule, --pp manual and stock."""
+    from minddp.launch import DDPEnv
+    from minddp.run.cli import lesson_parser
+    spec = importlib.util.spec_from_file_location("pipeline", REPO / "examples" / "pipeline.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    env = DDPEnv(rank, rank, world_size, "gloo", torch.device("cpu"), 120)
+    os.makedirs(tables, exist_ok=True)
+    printed = {}
+    for schedule in VIRTUAL:
+        for impl in ("manual", "stock"):
+            args = lesson_parser(example.__doc__, pp=True).parse_args(
+                ["--schedule", schedule, "--microbatches", "4", "--pp", impl, "--grad-table",
+                 os.path.join(tables, f"{schedule}-{impl}.txt")])
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                example.main(env, args)
+            printed[schedule, impl] = out.getvalue()
+    return printed
+
+
+def _everything(rank, world_size, tables):
     out = {case: _case(rank, world_size, *case) for case in CASES[world_size]}
     if world_size == 2:
         out["mistakes"] = _mistakes(rank, world_size)
+        out["example"] = _example_tables(rank, world_size, tables)
     return out
 
 
@@ -209,7 +243,27 @@ def test_bad_input_is_one_line(mistake, message):
     assert said is not None and said.startswith(message), said
 
 
-share_spawn(_everything, [2, 4])
+share_spawn(_everything, [2, 4], TABLES)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _clean_tables():
+    yield
+    shutil.rmtree(TABLES, ignore_errors=True)
+
+
+@pytest.mark.parametrize("schedule", VIRTUAL)
+def test_the_pipeline_example_with_virtual_stages_is_identical_to_stocks(schedule):
+    printed = shared_results(_everything, 2)
+    verdict = run([sys.executable, "-m", "minddp", "diff",
+                   os.path.join(TABLES, f"{schedule}-manual.txt"),
+                   os.path.join(TABLES, f"{schedule}-stock.txt")])
+    assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stdout
+    # 20 examples, batches of 4, 3 epochs; 4 Linear layers (one added), each with a bias
+    assert "world size 2, 15 steps, 8 parameters" in verdict.stdout, verdict.stdout
+    rank0 = printed[0]["example"][schedule, "manual"]
+    held = "0, 3" if schedule in ("zbv", "dualpipev") else "0, 2"  # a V or a loop
+    assert f"[rank0] stage {held}, {schedule}: 0F0 " in rank0, rank0
 
 
 @pytest.mark.parametrize("world_size,case", [(w, c) for w, cs in CASES.items() for c in cs],

@@ -107,8 +107,11 @@ def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=Fal
         parser.add_argument("--pp", default="manual", choices=["manual", "stock"],
                             help="run the stages with minddp.pp or stock"
                                  " torch.distributed.pipelining")
-        parser.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"],
-                            help="the order of each stage's forwards and backwards")
+        parser.add_argument("--schedule", default="1f1b", choices=[
+                                "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb1p",
+                                "zbv", "dualpipev"],
+                            help="the order of each stage's forwards and backwards (the last"
+                                 " five: 2 stages per rank, pp_interleaved.py)")
         parser.add_argument("--microbatches", type=int, default=2, metavar="M",
                             help="microbatches per batch (the batch of 4 must divide by it)")
         parser.set_defaults(factor=4)  # 20 examples: 5 batches of 4 per epoch
