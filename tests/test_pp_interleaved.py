@@ -277,3 +277,34 @@ def test_virtual_stages_are_bitwise_stocks_action_for_action(world_size, case):
         assert verdicts == ["equal"] * 3, f"rank {rank}: {verdicts}"
         assert ours_log == stock_log, f"rank {rank}: the actions differ from what stock ran"
         assert ours_log[:len(ours_log) // 3] == [a for a in _flat(expected[rank]) if a], rank
+
+
+def test_every_schedules_timeline_has_the_formulas_bubble():
+    """minddp pp-schedules: each schedule's actions laid out in time (tools/pipeline_slots.py)."""
+    from minddp.tools.pipeline_slots import figures, schedules
+    for p in (2, 3, 4):
+        for m in (4, 8, 12):
+            for name, (v, lists) in schedules(p, m).items():
+                if lists is None:
+                    continue  # DualPipeV below 2p microbatches: refused
+                row = figures(name, v, lists, p, m)
+                for rank in row["spans"]:  # every action ran: m forwards and backwards per rank
+                    assert sum(end - start for _, start, end in rank) == 3 * m, name
+                if row["formula"] is not None:
+                    assert row["bubble"] == pytest.approx(row["formula"]), (name, p, m)
+                else:  # zero bubble: below interleaved 1F1B's, whose stages per rank it shares
+                    assert row["bubble"] < (p - 1) / (v * m + p - 1), (name, p, m)
+                if name == "1F1B":
+                    assert row["alive"] == [min(m, p - r) for r in range(p)]
+                if name == "GPipe":
+                    assert row["alive"] == [m] * p
+
+
+def test_pp_schedules_draws_every_schedule(tmp_path):
+    import matplotlib.image
+    from minddp.tools.pipeline_slots import main
+    rows = main(["--ranks", "2", "--microbatches", "4", "--png", str(tmp_path / "s.png")])
+    assert [r["schedule"] for r in rows] == ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS",
+                                             "InterleavedZeroBubble", "ZBVZeroBubble",
+                                             "DualPipeV"]
+    assert matplotlib.image.imread(tmp_path / "s.png").shape[1] == 1300
