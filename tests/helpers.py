@@ -158,6 +158,21 @@ def _run_shared(rank, world_size, work):
 TAG = "MINDDP_TEST_TAG"  # every process a test starts carries it, workers too
 
 
+def differences_from_stock(seen, weights):
+    """What differs from stock's, for minddp and for one process: seen[who] is (losses,
+    gradients), weights[who] the updated weights, in one order. [] when all is equal."""
+    differ = []
+    for who in ("minddp", "one process"):
+        if seen[who][0] != seen["stock"][0]:
+            differ.append(f"{who}: losses")
+        if not all(torch.equal(a, b) for a, b in zip(seen[who][1], seen["stock"][1])):
+            differ.append(f"{who}: gradients")
+        if not all(torch.equal(a.detach(), b.detach())
+                   for a, b in zip(weights[who], weights["stock"])):
+            differ.append(f"{who}: weights")
+    return differ
+
+
 def usage_errors(calls):
     """{what: the UsageError's message, or None if call() raised nothing} for (what, call) pairs.
 

@@ -23,7 +23,7 @@ from torch.distributed.pipelining import PipelineStage as StockStage
 from torch.distributed.pipelining import Schedule1F1B as StockOneFOneB
 from torch.distributed.pipelining import ScheduleGPipe as StockGPipe
 
-from helpers import share_spawn, shared_results, usage_errors
+from helpers import differences_from_stock, share_spawn, shared_results, usage_errors
 from minddp import pp
 
 WIDTH, BATCH = 16, 16
@@ -100,15 +100,7 @@ def _case(rank, world_size, schedule, n, steps=3):
         weights = {who: [p.detach() for p in m.parameters()]
                    for who, m in (("stock", layers["stock"]), ("minddp", layers["minddp"]),
                                   ("one process", mine))}
-        differ = []
-        for who in ("minddp", "one process"):
-            if seen[who][0] != seen["stock"][0]:
-                differ.append(f"{who}: losses")
-            if not all(torch.equal(a, b) for a, b in zip(seen[who][1], seen["stock"][1])):
-                differ.append(f"{who}: gradients")
-            if not all(torch.equal(a, b) for a, b in zip(weights[who], weights["stock"])):
-                differ.append(f"{who}: weights")
-        verdicts.append(differ or "equal")
+        verdicts.append(differences_from_stock(seen, weights) or "equal")
     return verdicts, stock_log, ours_stage.log
 
 

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch.distributed import pipelining as stock_pp
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
-from helpers import REPO, run, share_spawn, shared_results, usage_errors
+from helpers import (REPO, differences_from_stock, run, share_spawn, shared_results,
+                     usage_errors)
 from minddp import pp, pp_interleaved, pp_v, pp_zero_bubble
 
 WIDTH, BATCH, LOCAL = 16, 16, 2  # LOCAL: stages per rank
@@ -151,16 +152,7 @@ def _case(rank, world_size, name, n, steps=3):
                                [p.grad.clone() for p in mine])
         for optimizer in optimizers.values():
             optimizer.step()
-        differ = []
-        for who in ("minddp", "one process"):
-            if seen[who][0] != seen["stock"][0]:
-                differ.append(f"{who}: losses")
-            if not all(torch.equal(a, b) for a, b in zip(seen[who][1], seen["stock"][1])):
-                differ.append(f"{who}: gradients")
-            if not all(torch.equal(a.detach(), b.detach())
-                       for a, b in zip(params[who], params["stock"])):
-                differ.append(f"{who}: weights")
-        verdicts.append(differ or "equal")
+        verdicts.append(differences_from_stock(seen, params) or "equal")
     return verdicts, stock_log, runners["minddp"].log * steps
 
 
