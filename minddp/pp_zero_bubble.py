@@ -24,6 +24,7 @@ import functools
 import torch
 
 from .pp_interleaved import ScheduleMulti, interleaved_1f1b
+from .usage_error import UsageError
 
 
 def add_bubbles(lists, num_stages):
@@ -109,6 +110,9 @@ def _flowing(flowing, j, grad):
 def backward_weight(stage, i):
     """W: each weighted layer's weight gradients from the gradient I kept, added to .grad;
     on the first stage (no input gradient was needed) the whole backward, as stock's."""
+    if i not in getattr(stage, "split", {}):  # a list that puts a W before its I
+        raise UsageError(f"stage {stage.index}: W{i} before I{i}: the weights' gradients start"
+                         " from what I kept", hint="in each stage's list, every W after its I")
     outputs, grads, kept, flowing = stage.split.pop(i)
     stage.inputs.pop(i), stage.outputs.pop(i)
     if stage.is_first:

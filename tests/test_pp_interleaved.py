@@ -180,7 +180,16 @@ def _mistakes(rank, world_size):
              for s in (rank, 3 - rank, 4 + rank)], 4, F.mse_loss)),
         ("one-stage schedule, two stages", lambda: pp.ScheduleGPipe(stages(loop)[0], 4,
                                                                     F.mse_loss)),
+        ("a W before its I", lambda: _w_first(stages(loop))),
     ])
+
+
+def _w_first(stages):
+    """A zero-bubble schedule whose list starts with a W (before any forward: no rank waits)."""
+    schedule = pp_zero_bubble.ScheduleInterleavedZeroBubble(stages, 4, F.mse_loss)
+    schedule.order = lambda: schedule.parsed([f"{stages[0].index}W0"])
+    x, y = batch(0)
+    schedule.step(*([x] if stages[0].is_first else []), target=y if stages[-1].is_last else None)
 
 
 VIRTUAL = ["interleaved-1f1b", "looped-bfs", "zb1p", "zbv", "dualpipev"]
@@ -229,6 +238,8 @@ def _everything(rank, world_size, tables):
     ("ZBV, three stages per rank", "ScheduleZBVZeroBubble runs 2 stages per rank, not 3"),
     ("one-stage schedule, two stages", "4 stages on 2 ranks: ScheduleGPipe runs one stage per"
                                        " rank"),
+    ("a W before its I", "stage 0: W0 before I0: the weights' gradients start from what I"
+                         " kept"),
 ])
 def test_bad_input_is_one_line(mistake, message):
     said = shared_results(_everything, 2)[0]["mistakes"][mistake]
