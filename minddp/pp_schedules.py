@@ -67,8 +67,8 @@ class Schedule:
         loss, outputs = {}, []
         actions = self.order()
         # a stage's last backward (or weight gradient) syncs its data-parallel ranks
-        last = {s: max(j for j, (t, kind, _) in enumerate(actions) if t is s and kind != "F")
-                for s in stages}
+        last = {s: max((j for j, (t, kind, _) in enumerate(actions) if t is s and kind != "F"),
+                       default=None) for s in stages}
         for j, (stage, kind, i) in enumerate(actions):
             if kind == "F":
                 output = self.forward(stage, i, inputs[i])
