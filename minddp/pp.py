@@ -29,6 +29,7 @@ from .usage_error import UsageError
 from .groups import global_rank
 
 MAX_DIMS = 8  # an activation's shape travels in a header of this many numbers
+REFUSED = -1  # a header's first number when the batch was refused upstream (refuse())
 LOCAL = {}  # tag -> tensors handed from a stage to a neighbour stage on the same rank
 
 
@@ -120,10 +121,27 @@ class PipelineStage:
             return LOCAL[2 * link + backward].pop(0)
         header = torch.empty(MAX_DIMS + 1, dtype=torch.long, device=self.device)
         dist.recv(header, src, group=self.group, tag=2 * link + backward)
+        if header[0] == REFUSED:  # the first stage refused the batch: so does this one
+            self.refuse(*header[1:3].tolist())
         tensor = torch.empty(header[1:1 + header[0]].tolist(), dtype=self.dtype,
                              device=self.device)
         dist.recv(tensor, src, group=self.group, tag=2 * link + backward)
         return tensor
+
+    def refuse(self, batch, n):
+        """Refuse a batch of `batch` samples (-1: none given) that n microbatches do not divide,
+        here and on every stage after. Only the first stage sees the batch; a middle stage
+        would wait for an activation that never comes. So the refusal travels the pipeline in
+        the first activation's place, to stages 1 .. ranks-1 (one on each rank, in a loop as
+        in a V), and every rank stops at the same point, with the same line."""
+        if self.index + 1 < dist.get_world_size(self.group):
+            header = [REFUSED, batch, n] + [0] * (MAX_DIMS - 2)
+            dist.send(torch.tensor(header, device=self.device), self.next, group=self.group,
+                      tag=2 * self.index)  # blocking: the next rank's first recv takes it
+        raise UsageError(f"a batch of {batch if batch >= 0 else None} cannot be cut into {n}"
+                         " equal microbatches", same_on_every_rank=True,
+                         hint="pass the batch (first stage) and target (last stage), with a"
+                              " batch size that n_microbatches divides")
 
 
 # The schedules live beside their action lists; minddp.pp offers them all, as stock's

@@ -62,8 +62,14 @@ class Schedule:
         """One batch through the pipeline; gradients left in .grad, the microbatches' mean.
         Returns the last stage's output (the microbatches' outputs, concatenated)."""
         n, stages = self.n, self.stages
-        inputs = self._split(args[0]) if any(s.is_first for s in stages) else [None] * n
-        targets = self._split(target) if any(s.is_last for s in stages) else None
+        first = [s for s in stages if s.is_first]
+        inputs = self._split(args[0] if args else None, first[0]) if first else [None] * n
+        try:
+            targets = self._split(target) if any(s.is_last for s in stages) else None
+        except UsageError as refused:
+            # Raised at the first loss: a refusal of the batch itself, travelling from the
+            # first stage, arrives before then and is the one every rank reports.
+            targets = refused
         loss, outputs = {}, []
         actions = self.order()
         # a stage's last backward (or weight gradient) syncs its data-parallel ranks
@@ -73,6 +79,8 @@ class Schedule:
             if kind == "F":
                 output = self.forward(stage, i, inputs[i])
                 if stage.is_last:
+                    if isinstance(targets, UsageError):
+                        raise targets
                     loss[i] = self.loss_fn(output, targets[i])
                     outputs.append(output.detach())
             else:
@@ -99,12 +107,14 @@ class Schedule:
         """One backward action: "B", the whole backward (zero bubble splits it: I and W)."""
         stage.backward_one(i, loss)
 
-    def _split(self, batch):
+    def _split(self, batch, first_stage=None):
         if batch is None or len(batch) % self.n:
-            raise UsageError(f"a batch of {None if batch is None else len(batch)} cannot be"
-                             f" cut into {self.n} equal microbatches", same_on_every_rank=True,
-                             hint="pass the batch (first stage) and target (last stage), with"
-                                  " a batch size that n_microbatches divides")
+            size = -1 if batch is None else len(batch)
+            if first_stage is not None:  # the batch: every stage after is told (pp.py)
+                first_stage.refuse(size, self.n)
+            raise UsageError(f"a target of {None if batch is None else size} cannot be cut"
+                             f" into {self.n} equal microbatches", hint="pass the target"
+                             " (last stage) with a batch size that n_microbatches divides")
         return batch.chunk(self.n)
 
 

@@ -192,6 +192,27 @@ def _w_first(stages):
     schedule.step(*([x] if stages[0].is_first else []), target=y if stages[-1].is_last else None)
 
 
+def _batch_refused(rank, world_size):
+    """Every schedule given a batch its microbatches do not divide: what each rank says.
+    Only the first stage sees the batch; a rank of middle stages learns it from the refusal
+    that travels in the first activation's place (pp.py, PipelineStage.refuse)."""
+    said = {}
+    for name in ["ScheduleGPipe", "Schedule1F1B"] + [f"Schedule{n}" for n in SCHEDULES]:
+        local = 1 if name in ("ScheduleGPipe", "Schedule1F1B") else LOCAL
+        num_stages = local * world_size
+        place = pp_v.v_placement if name in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV") \
+            else pp_interleaved.loop_placement
+        mine = [s for s in range(num_stages) if place(s, world_size) == rank]
+        stages = [pp.PipelineStage(pp.stage_layers(model(), s, num_stages), s, num_stages)
+                  for s in mine]
+        schedule = getattr(pp, name)(stages if local > 1 else stages[0], 2 * num_stages,
+                                     F.mse_loss)
+        x = torch.randn(2 * num_stages + 1, WIDTH)
+        said.update(usage_errors([(name, lambda: schedule.step(
+            *([x] if 0 in mine else []), target=x if num_stages - 1 in mine else None))]))
+    return said
+
+
 VIRTUAL = ["interleaved-1f1b", "looped-bfs", "zb1p", "zbv", "dualpipev"]
 TABLES = os.path.join(tempfile.gettempdir(), f"minddp-pp-virtual-{os.getpid()}")
 
@@ -223,6 +244,8 @@ def _everything(rank, world_size, tables):
     if world_size == 2:
         out["mistakes"] = _mistakes(rank, world_size)
         out["example"] = _example_tables(rank, world_size, tables)
+    else:
+        out["batch refused"] = _batch_refused(rank, world_size)
     return out
 
 
@@ -247,6 +270,19 @@ def test_bad_input_is_one_line(mistake, message):
 
 
 share_spawn(_everything, [2, 4], TABLES)
+
+
+def test_a_batch_the_microbatches_do_not_divide_is_refused_on_every_rank():
+    # 4 ranks: ranks 1 and 2 hold no first or last stage (in a loop; in a V, ranks 1-3), so
+    # they never see the batch, and say so all the same, instead of waiting in recv
+    for rank, out in enumerate(shared_results(_everything, 4)):
+        said = out["batch refused"]
+        assert len(said) == 7, said
+        for name, message in said.items():
+            assert message is not None and message.startswith(
+                "a batch of 17 cannot be cut into 16 equal microbatches"
+                if name not in ("ScheduleGPipe", "Schedule1F1B") else
+                "a batch of 9 cannot be cut into 8 equal microbatches"), (rank, name, message)
 
 
 @pytest.fixture(scope="module", autouse=True)
