@@ -214,3 +214,19 @@ def test_pp_breaks_show_their_damage(tmp_path):
              f" stuck at step 0: Timed out" in output]
     assert named, output[-2000:]
     assert set(re.findall(r"exitcode\s*: (-?\d+)", result.stderr)) <= {"2", "-15"}, output[-2000:]
+    # Two stages per rank, broken lists (minddp's zero-bubble runner): a W before its I is
+    # refused at that W, on the last stage's rank, in one line; ZBV's order on a loop's
+    # stages is a cycle (rank 0 waits for stage 3's gradient, rank 1 for stage 2's forward),
+    # a hang both ranks name when --timeout runs out.
+    result = torchrun(2, script, "--break", "w-before-i")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "[rank1] error: stage 3: W0 before I0: the weights' gradients start from what I" \
+           " kept" in output, output[-2000:]
+    assert "rank 1 1F0 1F1 3F0 3W0 3I0" in output, output[-2000:]
+    result = torchrun(2, script, "--break", "v-on-loop", "--timeout", "2")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    named = [r for r, held in ((0, "0, 2"), (1, "1, 3")) if f"[rank{r}] error: stages {held} of"
+             f" 4 (minddp) stuck at step 0: Timed out" in output]
+    assert named, output[-2000:]

@@ -124,10 +124,11 @@ def _mistakes(rank, world_size):
 
 
 def _bench(rank, world_size):
-    """pp-bench's measurement (bench/pp.py), one small round: its rows, and its picture."""
+    """pp-bench's measurement (bench/pp.py), one small round of every schedule: its rows,
+    and its picture."""
     from argparse import Namespace
-    from minddp.bench.pp import pp_size
-    args = Namespace(batch=16, microbatches=[4], warmup=0, rounds=1)
+    from minddp.bench.pp import SCHEDULES, pp_size
+    args = Namespace(batch=16, microbatches=[4], warmup=0, rounds=1, schedules=SCHEDULES)
     rows = pp_size("0.3M", args, rank, world_size, torch.device("cpu"))
     if rank != 0:
         return rows, None
@@ -186,17 +187,23 @@ def test_bad_input_is_one_line(mistake, message):
         assert said is not None and message in said, said
 
 
-def test_pp_bench_counts_the_microbatches_each_schedule_keeps_alive():
-    # From the order each stage ran (recorded, minddp's and stock's): GPipe keeps all m
-    # microbatches' activations until backward, 1F1B at most p - s on stage s.
+def test_pp_bench_counts_the_activations_each_schedule_keeps_alive():
+    # From the order each rank ran (recorded, minddp's and stock's): as many activations alive
+    # at most as the schedule's lists keep (tools/pipeline_slots.py); GPipe all m, 1F1B p - s.
+    from minddp.tools.pipeline_slots import figures, schedules
     rows, (shape, drawn) = _results(2)[0]["bench"]
+    lists = schedules(2, 4)
     alive = {r["way"]: r["alive"] for r in rows}
-    assert alive == {"minddp gpipe": [4, 4], "minddp 1f1b": [2, 1], "stock gpipe": [4, 4],
-                     "stock 1f1b": [2, 1]}, alive
+    assert len(alive) == 14, sorted(alive)
+    for name, (v, actions) in lists.items():
+        expected = figures(name, v, actions, 2, 4)["alive"]
+        assert alive[f"minddp {name}"] == alive[f"stock {name}"] == expected, name
+    assert alive["minddp GPipe"] == [4, 4] and alive["minddp 1F1B"] == [2, 1]
     assert all(0 <= idle < 1 for r in rows for idle in r["idle"])
-    assert shape == (560, 1200, 4)  # two panels (GPipe, 1F1B) of two stages
-    # The picture's bars are the recorded events: a forward and a backward per microbatch.
-    for schedule in ("gpipe", "1f1b"):
-        for stage in (0, 1):
-            bars = sorted((kind, i) for kind, i, *_ in drawn[(schedule, stage)] if kind != "recv")
-            assert bars == sorted([("F", i) for i in range(4)] + [("B", i) for i in range(4)])
+    assert all(r["laid out"] == pytest.approx(r["formula"]) for r in rows if r["formula"])
+    assert shape == (1660, 1200, 4)  # seven panels (minddp's schedules) of two ranks
+    # The picture's bars are the recorded events: each rank's actions, those of its list.
+    for name, (v, actions) in lists.items():
+        for rank in (0, 1):
+            bars = sorted(a for a, *_ in drawn[(name, rank)] if not a.startswith("-1"))
+            assert bars == sorted(filter(None, actions[rank])), (name, rank)
