@@ -6,6 +6,7 @@
     minddp diff runs/nd.txt runs/nd-stock.txt          # IDENTICAL
     torchrun --nproc_per_node=4 examples/gpt_nd.py --mesh pp=2,dp=2 --untied
     torchrun --nproc_per_node=8 examples/gpt_nd.py --mesh pp=2,dp=2,tp=2 --untied --clip 0.1
+    torchrun --nproc_per_node=2 examples/gpt_nd.py --recompute selective --dropout 0.1
 
 nanoGPT's shape at CPU sizes (minddp.bench.transformer.gpt: token and learned position
 embeddings, pre-LN blocks with causal attention and an MLP, the output layer tied to the
@@ -14,6 +15,9 @@ token embedding), trained with AdamW on random token sequences, next-token loss.
 is parallelized in torchtitan's order (minddp/compose.py): cut into pipeline stages over pp
 (1F1B, max(2, pp) microbatches), each block's layers split over tp, then fully_shard (or
 --dp ddp) over dp. Each dp rank trains on its own batches; the tp ranks of one dp rank share them.
+--recompute runs each block under checkpoint (minddp/recompute.py; stock's composable
+checkpoint), after TP and before fully_shard: full keeps only the block's input, selective
+the matmuls' and attention's outputs too; --dropout puts nanoGPT's residual dropout in.
 --clip clips the norm of the whole model's gradient, taken over every rank (minddp/clip.py;
 stock's calls in torchtitan's way, dropin/libraries.py), after the table records it.
 Each rank prints its coordinates and what it holds; the gradient table holds each rank's
@@ -38,6 +42,10 @@ def parser():
     p.add_argument("--blocks", type=int, default=2, help="transformer blocks")
     p.add_argument("--untied", action="store_true",
                    help="the output layer its own weight (a pipeline needs it)")
+    p.add_argument("--recompute", default="none", choices=["none", "full", "selective"],
+                   help="each block's activations: kept, or recomputed in backward"
+                        " (selective: all but the matmuls' and attention's)")
+    p.add_argument("--dropout", type=float, default=0.0, help="the blocks' residual dropout")
     p.add_argument("--steps", type=int, default=3, help="AdamW steps")
     p.add_argument("--clip", type=float, metavar="MAX_NORM",
                    help="clip the whole model's gradient norm, over every rank (clip.py)")
@@ -86,7 +94,8 @@ import torch.nn.functional as F
 from minddp import (GradTable, ddp_setup, ddp_teardown, exit_on_failure, print0, print_rank)
 from minddp.bench.transformer import gpt
 from minddp.compose import holdings, parallelize, pipeline
-from minddp.dropin.libraries import LIBRARIES  # minddp's five calls, or stock's
+from minddp.dropin.libraries import LIBRARIES  # minddp's calls, or stock's
+from minddp.recompute import POLICIES  # --recompute: the ops each policy keeps
 
 
 def next_token_loss(logits, targets):
@@ -104,9 +113,10 @@ def main(env, args):
     lib = LIBRARIES[args.impl]
     mesh = lib.init_device_mesh(env.device.type, args.shape, mesh_dim_names=args.names)
     torch.manual_seed(args.seed)  # the same first weights on every rank
-    model = gpt(**SIZES, blocks=args.blocks, tied=not args.untied).to(env.device)
+    model = gpt(**SIZES, blocks=args.blocks, tied=not args.untied,
+                dropout=args.dropout).to(env.device)
     whole = sum(p.numel() for p in model.parameters())
-    stage = parallelize(model, mesh, lib, args.dp)
+    stage = parallelize(model, mesh, lib, args.dp, POLICIES[args.recompute])
     print_rank(holdings(model, stage, mesh, whole))
     optimizer = torch.optim.AdamW(stage.parameters(), lr=1e-2, foreach=False)
     grad_table = GradTable(model, args.grad_table)  # whole gradients: a collective

@@ -42,10 +42,12 @@ def blocks_of(stage):
     return [layer for layer in stage if hasattr(layer, "attn")]
 
 
-def parallelize(model, mesh, lib, dp="fsdp"):
+def parallelize(model, mesh, lib, dp="fsdp", recompute=None):
     """This rank's part of `model` (an nn.Sequential: embedding, blocks, head), parallelized
-    along every dimension `mesh` has. Returns the stage module to train (the whole model
-    without pp); its layers are `model`'s own, so `model` names every weight. Collective."""
+    along every dimension `mesh` has; recompute: each block under checkpoint, these ops
+    saved (recompute.py: () full, MATMULS selective). Returns the stage module to train
+    (the whole model without pp); its layers are `model`'s own, so `model` names every
+    weight. Collective."""
     names = mesh.mesh_dim_names
     stage = model
     if "pp" in names:  # 1. only this stage's layers from here on
@@ -53,6 +55,9 @@ def parallelize(model, mesh, lib, dp="fsdp"):
     if "tp" in names:  # 2. the blocks' Linear layers, sliced over tp
         for block in blocks_of(stage):
             lib.tp.parallelize_module(block, mesh["tp"], tp_plan(lib.tp))
+    if recompute is not None:  # after TP: the second forward runs the plan's ops too
+        for block in blocks_of(stage):
+            lib.checkpoint(block, recompute)
     if "dp" in names and dp == "fsdp":  # 3. sharded over dp: a unit per block, then the rest
         for block in blocks_of(stage):
             lib.fully_shard(block, mesh=mesh["dp"])

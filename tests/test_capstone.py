@@ -3,8 +3,9 @@ composition against stock's, gradient tables IDENTICAL; and the mesh refused bef
 
     pytest tests/test_capstone.py
 
-The example's main() runs on the suite's shared spawns (4 ranks: --mesh dp=2,tp=2 with
-fully_shard and with DDP, pp=2,dp=2; 8 ranks: pp=2,dp=2,tp=2), with --impl manual and stock,
+The example's main() runs on the suite's shared spawns (2 ranks: dp=2, tp=2 and pp=2 with
+--recompute and dropout; 4 ranks: --mesh dp=2,tp=2 with fully_shard and with DDP,
+pp=2,dp=2; 8 ranks: pp=2,dp=2,tp=2), with --impl manual and stock,
 each writing its gradient table; `minddp diff` must call each pair IDENTICAL. One torchrun
 launch (2 ranks, --mesh tp=2) runs the script as a user does, to its clean exit.
 """
@@ -30,7 +31,10 @@ from minddp.tools.tables import read_table
 SCRIPT = REPO / "examples" / "gpt_nd.py"
 TABLES = os.path.join(tempfile.gettempdir(), f"minddp-gpt-nd-{os.getpid()}")  # made by rank 0
 # world size: the runs, each once with --impl manual and once with --impl stock
-MESHES = {4: ["--mesh dp=2,tp=2 --clip 0.1", "--mesh dp=2,tp=2 --dp ddp",
+MESHES = {2: ["--mesh dp=2 --dropout 0.1", "--mesh dp=2 --dropout 0.1 --recompute selective",
+              "--mesh tp=2 --dropout 0.1 --recompute full",
+              "--mesh pp=2 --untied --dropout 0.1 --recompute selective"],
+          4: ["--mesh dp=2,tp=2 --clip 0.1", "--mesh dp=2,tp=2 --dp ddp",
               "--mesh pp=2,dp=2 --untied --clip 0.1"],
           8: ["--mesh pp=2,dp=2,tp=2 --untied --clip 0.1"]}
 
@@ -64,7 +68,7 @@ def _train(rank, world_size, tables):
     return printed
 
 
-share_spawn(_train, [4, 8], TABLES)
+share_spawn(_train, [2, 4, 8], TABLES)
 
 
 def _what_stock_does(rank, world_size):
@@ -110,6 +114,16 @@ def test_clip_with_ddp_over_tp_is_refused_in_one_line():
     args = example.parser().parse_args(["--mesh", "dp=2,tp=2", "--dp", "ddp", "--clip", "1"])
     with pytest.raises(UsageError, match="^--clip with --dp ddp and tp: stock's DDP over TP"):
         example.checked(args, 4)
+
+
+def test_recomputation_changes_no_number():
+    # --recompute selective against none, both minddp's, dropout on: the same table (the
+    # checkpoint keeps the blocks' parameter names; the masks are drawn again the same)
+    shared_results(_train, 2)
+    verdict = run([sys.executable, "-m", "minddp", "diff",
+                   _table(TABLES, "--mesh dp=2 --dropout 0.1 --recompute selective", "manual"),
+                   _table(TABLES, "--mesh dp=2 --dropout 0.1", "manual")])
+    assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stdout
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -44,14 +44,18 @@ class Attention(nn.Module):
 class Block(nn.Module):
     """A pre-LayerNorm transformer block: attention, then an MLP, each with a residual."""
 
-    def __init__(self, d=16, heads=4):
+    def __init__(self, d=16, heads=4, dropout=0.0):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.attn, self.mlp = Attention(d, heads), MLP(d, 4 * d)
+        self.dropout = dropout  # nanoGPT's resid_dropout, after each branch (training only)
 
     def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        x = x + self._drop(self.attn(self.ln1(x)))
+        return x + self._drop(self.mlp(self.ln2(x)))
+
+    def _drop(self, y):
+        return F.dropout(y, self.dropout, self.training) if self.dropout else y
 
 
 class Embedding(nn.Module):
@@ -78,11 +82,11 @@ class Head(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def gpt(vocab=32, d=16, heads=4, blocks=2, tokens=8, tied=True):
+def gpt(vocab=32, d=16, heads=4, blocks=2, tokens=8, tied=True, dropout=0.0):
     """nanoGPT's shape at CPU sizes, as the nn.Sequential a pipeline cuts: embedding, blocks,
     head. tied: the output layer's weight is the token embedding's (one tensor, as nanoGPT)."""
-    model = nn.Sequential(Embedding(vocab, d, tokens), *(Block(d, heads) for _ in range(blocks)),
-                          Head(vocab, d))
+    model = nn.Sequential(Embedding(vocab, d, tokens),
+                          *(Block(d, heads, dropout) for _ in range(blocks)), Head(vocab, d))
     if tied:
         model[-1].lm_head.weight = model[0].wte.weight
     return model

@@ -6,6 +6,7 @@ compose.py builds a model's parallelism from whichever set it is given, so one f
 trains minddp's composition and stock's side by side (examples/gpt_nd.py, tests/test_mesh.py).
 """
 
+import functools
 from types import SimpleNamespace
 
 import torch
@@ -16,7 +17,11 @@ from torch.distributed.fsdp import fully_shard as stock_fully_shard
 from torch.distributed.tensor import DTensor, parallel as stock_tp
 from torch.nn.parallel import DistributedDataParallel
 
+from torch.distributed._composable import checkpoint as stock_composable_checkpoint
+from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
 from .. import clip, mesh as minddp_mesh, pp as minddp_pp, tp as minddp_tp
+from ..recompute import checkpoint_module
 from .ddp import ManualDDP
 from .fsdp import fully_shard
 
@@ -54,12 +59,22 @@ def stock_clip_grad_norm_(module, max_norm, mesh):
     return total
 
 
+def stock_checkpoint_module(module, save_ops=()):
+    """Stock's composable checkpoint on a module; save_ops: selective (stock's context_fn)."""
+    if not save_ops:
+        return stock_composable_checkpoint(module)
+    return stock_composable_checkpoint(module, context_fn=functools.partial(
+        create_selective_checkpoint_contexts, list(save_ops)))
+
+
 LIBRARIES = {
     "manual": SimpleNamespace(init_device_mesh=minddp_mesh.init_device_mesh, tp=minddp_tp,
                               fully_shard=fully_shard, DDP=ManualDDP, pipelining=minddp_pp,
-                              clip_grad_norm_=clip.clip_grad_norm_),
+                              clip_grad_norm_=clip.clip_grad_norm_,
+                              checkpoint=checkpoint_module),
     "stock": SimpleNamespace(init_device_mesh=stock_mesh, tp=stock_tp,
                              fully_shard=stock_fully_shard, DDP=DistributedDataParallel,
                              pipelining=stock_pipelining,
-                             clip_grad_norm_=stock_clip_grad_norm_),
+                             clip_grad_norm_=stock_clip_grad_norm_,
+                             checkpoint=stock_checkpoint_module),
 }

@@ -39,6 +39,8 @@ ORDER = [
     # composing them: every parallelism on one grid of ranks
     "minddp/mesh.py", "minddp/mesh_plan.py", "minddp/compose.py", "minddp/clip.py",
     "examples/gpt_nd.py",
+    # memory: activations recomputed in backward
+    "minddp/recompute.py",
     # features and failures, each a small diff of manual_ddp.py
     "examples/accumulate.py", "examples/restart.py", "examples/uneven.py",
     "examples/break_ddp.py", "examples/break_fsdp.py", "examples/break_tp.py",

@@ -1,0 +1,184 @@
+"""Activation recomputation (minddp/recompute.py) against torch.utils.checkpoint.
+
+    pytest tests/test_recompute.py
+
+The small GPT with dropout on, each block under no checkpointing, minddp's checkpoint_module
+and stock's composable checkpoint (torch.distributed._composable.checkpoint, which runs
+torch.utils.checkpoint's non-reentrant checkpoint), full and selective (stock's
+create_selective_checkpoint_contexts; the matmuls and attention kept), 3 AdamW
+steps: every gradient of every step and every weight after `torch.equal` to no
+checkpointing's, in one process (fp32, and under CPU autocast to bfloat16) and at 2 ranks
+under minddp's fully_shard and stock's, and under minddp's and stock's tensor parallelism;
+the ops each policy runs again in backward counted, minddp's equal to stock's.
+"""
+
+import collections
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.distributed._composable import checkpoint as stock_checkpoint
+from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+from helpers import share_spawn, shared_results
+from minddp.bench.transformer import gpt
+from minddp.recompute import checkpoint_module
+
+aten = torch.ops.aten
+SAVE = [aten.addmm.default, aten.mm.default,  # the matmuls, and attention: kept (selective)
+        aten._scaled_dot_product_flash_attention_for_cpu.default]
+POLICIES = {"none": None, "full": (), "selective": SAVE}
+
+
+class CountOps(TorchDispatchMode):
+    """How many times each op ran (by name), e.g. during a backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func.overloadpacket).split(".")[-1]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def stock_checkpoint_module(module, save_ops=()):
+    """Stock's composable checkpoint on a module (selective: its context_fn)."""
+    context = {"context_fn": functools.partial(create_selective_checkpoint_contexts,
+                                               list(save_ops))} if save_ops else {}
+    return stock_checkpoint(module, **context)
+
+
+def wrapped(model, impl, policy):
+    """model with each block under impl's checkpoint and policy (none: as it is); mixed:
+    stock's checkpoint."""
+    if POLICIES[policy] is not None:
+        apply = checkpoint_module if impl == "minddp" else stock_checkpoint_module
+        for block in model[1:-1]:  # embedding, blocks, head: the blocks
+            apply(block, POLICIES[policy])
+    return model
+
+
+def local(t):
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def train(model, rank=0, steps=3, autocast=False, batch=4):
+    """3 AdamW steps; per step every gradient, then every weight; and each backward's ops."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own tokens
+    torch.manual_seed(7)  # dropout's masks: the same draws for every policy
+    grads, ops = [], []
+    for _ in range(steps):
+        idx, target = (torch.randint(0, 32, (batch, 8), generator=g) for _ in range(2))
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(idx)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), target.flatten())
+        with CountOps() as counting:
+            loss.backward()
+        ops.append(counting.counts)
+        grads.append([local(p.grad).clone() for p in model.parameters()])
+        optimizer.step()
+    return grads, [local(p).detach().clone() for p in model.parameters()], ops
+
+
+def verdicts(runs):
+    """{run: None if every gradient and weight equals no checkpointing's, else what differs}."""
+    reference = runs["minddp", "none"]
+    out = {}
+    for key, (grads, weights, _) in runs.items():
+        bad = [f"step {s} gradient {i}" for s, (ours, ref) in enumerate(zip(grads, reference[0]))
+               for i, (a, b) in enumerate(zip(ours, ref)) if not torch.equal(a, b)]
+        bad += [f"weight {i}" for i, (a, b) in enumerate(zip(weights, reference[1]))
+                if not torch.equal(a, b)]
+        out[key] = bad[:3] or None
+    return out
+
+
+def recomputed(runs, key):
+    """The ops run again in backward: those beyond no checkpointing's (detach: bookkeeping)."""
+    extra = runs[key][2][0] - runs[key[0], "none"][2][0]
+    return {op: n for op, n in extra.items() if op != "detach"}
+
+
+def one_process(autocast=False, seed=0, batch=4):
+    runs = {}
+    for policy in POLICIES:
+        for impl in ("minddp", "stock"):
+            torch.manual_seed(seed)
+            runs[impl, policy] = train(wrapped(gpt(dropout=0.1), impl, policy),
+                                       autocast=autocast, batch=batch)
+    return runs
+
+
+@pytest.mark.parametrize("autocast,seed,batch", [(False, 0, 4), (True, 0, 4), (False, 3, 2)],
+                         ids=["fp32", "autocast-bf16", "seed3-batch2"])
+def test_recomputation_is_bitwise_no_checkpointing_and_stocks(autocast, seed, batch):
+    runs = one_process(autocast, seed, batch)
+    assert verdicts(runs) == {key: None for key in runs}
+    for policy in ("full", "selective"):
+        ours, stocks = recomputed(runs, ("minddp", policy)), recomputed(runs, ("stock", policy))
+        assert ours == stocks, (policy, ours, stocks)
+
+
+def test_full_recomputes_the_matmuls_selective_only_the_cheap_ops():
+    runs = one_process()
+    full, selective = recomputed(runs, ("minddp", "full")), recomputed(runs, ("minddp", "selective"))
+    # 2 blocks x 6 Linear layers, attention once per block; the dropout masks drawn again
+    # (the RNG put back: the same masks, or the gradients above would differ)
+    assert full["addmm"] == 12 and full["_scaled_dot_product_flash_attention_for_cpu"] == 2
+    assert full["bernoulli_"] == 4 and full["gelu"] == 2
+    assert "addmm" not in selective and "_scaled_dot_product_flash_attention_for_cpu" \
+        not in selective
+    assert selective["gelu"] == 2 and selective["bernoulli_"] == 4
+    # the early stop: each block's last residual add saves nothing, and is not run again
+    assert full["add"] == selective["add"] == 2
+
+
+def _distributed(rank, world_size):
+    """At 2 ranks: fully_shard (a unit per checkpointed block, then the model) and tensor
+    parallelism (each block's plan, then the checkpoint around it), minddp's and stock's."""
+    from minddp.compose import tp_plan
+    from minddp.dropin.libraries import LIBRARIES
+    out = {}
+    for how in ("fsdp", "tp"):
+        runs = {}
+        # "mixed": stock's checkpoint on minddp's parallelism. Stock's TP runs other ops
+        # (DTensor's) than minddp's: the ops recomputed compare on one TP, minddp's.
+        for policy in POLICIES:
+            for impl in ("minddp", "stock", "mixed"):
+                lib = LIBRARIES["stock" if impl == "stock" else "manual"]
+                mesh = lib.init_device_mesh("cpu", (world_size,))
+                torch.manual_seed(0)
+                model = gpt(dropout=0.1)
+                if how == "tp":
+                    for block in model[1:-1]:
+                        lib.tp.parallelize_module(block, mesh, tp_plan(lib.tp))
+                model = wrapped(model, impl, policy)
+                if how == "fsdp":
+                    for block in model[1:-1]:
+                        lib.fully_shard(block, mesh=mesh)
+                    lib.fully_shard(model, mesh=mesh)
+                runs[impl, policy] = train(model, rank)
+        out[how] = verdicts(runs), {key: recomputed(runs, key) for key in runs
+                                    if key[1] != "none"}
+    return out
+
+
+share_spawn(_distributed, [2])
+
+
+@pytest.mark.parametrize("how", ["fsdp", "tp"])
+def test_recomputation_under_fsdp_and_tp_is_bitwise(how):
+    for rank, out in enumerate(shared_results(_distributed, 2)):
+        equal, ops = out[how]
+        assert equal == {key: None for key in equal}, (rank, equal)
+        for policy in ("full", "selective"):
+            assert ops["minddp", policy] == ops["mixed", policy], (rank, policy, ops)
+            if how == "fsdp":  # the same ops in both FSDPs' blocks
+                assert ops["minddp", policy] == ops["stock", policy], (rank, policy, ops)
+            assert ops["minddp", policy]["bernoulli_"] == 4, (rank, policy, ops)
