@@ -43,13 +43,16 @@ class _Stop(Exception):
     """Raised inside the second forward once backward has every tensor it asked for."""
 
 
-def checkpoint(function, *args, save_ops=()):
+def checkpoint(function, *args, save_ops=(), preserve_rng_state=True):
     """function(*args), keeping only args (and, selective, the outputs of save_ops) for backward.
 
     The same values as function(*args): the gradients are bit for bit those of no
     checkpointing, and of torch.utils.checkpoint.checkpoint(function, *args,
     use_reentrant=False) (with save_ops: its selective checkpointing, the same ops saved)."""
     device = next((a.device.type for a in args if torch.is_tensor(a)), "cpu")
+    # Autograd refuses a saved tensor changed in place since (its version counter moved);
+    # the kept inputs are saved by hand, so they are checked by hand.
+    versions = [a._version if torch.is_tensor(a) else None for a in args]
     # Put back what makes the second forward the first one again: the random state (dropout
     # draws from it) and autocast (which decides each op's precision).
     rng = torch.get_rng_state()
@@ -67,6 +70,12 @@ def checkpoint(function, *args, save_ops=()):
         return answers.pop(number)  # each asked once: freed as soon as it is used
 
     def recompute():
+        changed = [i for i, (a, v) in enumerate(zip(args, versions)) if v is not None and
+                   a._version != v]
+        if changed:
+            raise RuntimeError(f"checkpoint: input {changed[0]} was modified by an inplace"
+                               " operation after the forward: the second forward would not"
+                               " be the first")
         saved = []
 
         def collect(tensor):
@@ -83,8 +92,9 @@ def checkpoint(function, *args, save_ops=()):
                   for a in args]
         cuda = [torch.cuda.current_device()] if cuda_rng is not None else []
         with torch.random.fork_rng(devices=cuda):  # the RNG after the second forward: untouched
-            torch.set_rng_state(rng)
-            if cuda_rng is not None:
+            if preserve_rng_state:  # (stock's flag: False draws new masks, a break-it)
+                torch.set_rng_state(rng)
+            if cuda_rng is not None and preserve_rng_state:
                 torch.cuda.set_rng_state(cuda_rng)
             try:
                 with torch.enable_grad(), torch.autocast(device, dtype=autocast[1],
@@ -136,10 +146,11 @@ class Reuse(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def checkpoint_module(module, save_ops=()):
+def checkpoint_module(module, save_ops=(), preserve_rng_state=True):
     """Run `module`'s forward under checkpoint from now on, in place (as stock's composable
     torch.distributed._composable.checkpoint): its parameters keep their names, and
     fully_shard or a TP plan applied to it wraps the checkpointed forward. Returns module."""
     forward = module.forward  # the forward as it is now (a TP plan's, if one was applied)
-    module.forward = lambda *args: checkpoint(forward, *args, save_ops=save_ops)
+    module.forward = lambda *args: checkpoint(forward, *args, save_ops=save_ops,
+                                              preserve_rng_state=preserve_rng_state)
     return module

@@ -14,6 +14,7 @@ the ops each policy runs again in backward counted, minddp's equal to stock's.
 
 import collections
 import functools
+import sys
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.distributed._composable import checkpoint as stock_checkpoint
 from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-from helpers import share_spawn, shared_results
+from helpers import REPO, run, share_spawn, shared_results
 from minddp.bench.transformer import gpt
 from minddp.recompute import checkpoint_module
 
@@ -182,3 +183,39 @@ def test_recomputation_under_fsdp_and_tp_is_bitwise(how):
             if how == "fsdp":  # the same ops in both FSDPs' blocks
                 assert ops["minddp", policy] == ops["stock", policy], (rank, policy, ops)
             assert ops["minddp", policy]["bernoulli_"] == 4, (rank, policy, ops)
+
+
+@pytest.mark.parametrize("s,b,h,a", [(16, 2, 32, 4), (64, 3, 64, 8)])
+def test_the_bytes_a_block_keeps_are_the_formulas(s, b, h, a):
+    # minddp recompute-bench's measurement: the storages alive after a block's forward
+    from minddp.bench.recompute import IMPLS, block, formula, kept_bytes
+    for policy in POLICIES:
+        for impl in IMPLS:
+            kept = kept_bytes(block(policy, impl, h, a), s, b, h)
+            assert kept == formula(policy, s, b, h, a), (policy, impl, kept)
+
+
+def test_recompute_bench_runs_and_counts_the_matmuls_run_again(tmp_path):
+    from argparse import Namespace
+    from minddp.bench.recompute import cost_rows, draw
+    args = Namespace(sequence=8, batch=2, width=16, heads=4, blocks=2, rounds=1,
+                     png=str(tmp_path / "r.png"))
+    extra = {(r["policy"], r["impl"]): r["extra"] for r in cost_rows(args)}
+    assert extra == {("none", "minddp"): 0.0, ("full", "minddp"): 1.0, ("full", "stock"): 1.0,
+                     ("selective", "minddp"): 0.0, ("selective", "stock"): 0.0}
+    draw(args)
+    assert (tmp_path / "r.png").stat().st_size > 0
+
+
+def test_the_recompute_breaks_show_their_damage():
+    # examples/break_recompute.py, one process: new masks in the second forward part the
+    # gradients from no checkpointing's at step 0; the input changed in place after the
+    # forward is refused in backward by all three (minddp's check: the version counter)
+    result = run([sys.executable, str(REPO / "examples" / "break_recompute.py")])
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout.split("--break ")
+    assert out[1].count("every gradient equal to no checkpointing's, 3 steps") == 2, out[1]
+    assert out[2].count("parts from no checkpointing at step 0") == 2, out[2]
+    assert "minddp: refused in backward: checkpoint: input 0 was modified by an inplace" \
+           " operation" in out[3], out[3]
+    assert out[3].count("refused in backward") == 3, out[3]
