@@ -26,6 +26,8 @@ COMMANDS = {  # subcommand: (module, what it does)
     "pp-schedules": ("minddp.tools.pipeline_slots", "every pipeline schedule laid out: bubble,"
                      " activations alive"),
     "elastic-bench": ("minddp.bench.elastic", "the ordered reduction vs all_reduce: bytes, time"),
+    "memory": ("minddp.tools.memory", "what one rank holds: parameters, gradients, optimizer,"
+               " activations"),
     "recompute-bench": ("minddp.bench.recompute", "activations kept per block by policy,"
                         " the recompute's cost"),
 }

@@ -11,7 +11,7 @@ scaled_dot_product_attention, a 4x MLP, residual dropout 0.1), fp32, on one proc
              alive after the block's forward that its backward will use, the block's input
              included, its output not (found by tracking each op's outputs with a dispatch
              mode, then asking which are still alive: measured, not counted from a formula)
-  formula    the same bytes from the block's ops: none 72sbh + 16sb + 4asb (the Playbook's
+  formula    the same bytes from the block's ops (minddp memory's): none 72sbh + 16sb + 4asb (the Playbook's
              34sbh + 5as^2b in its fp32 form, 66sbh + 9as^2b, with three differences:
              dropout's mask is a float32 tensor on CPU, 4 bytes and not 1; flash attention
              keeps no s^2 scores, only a logsumexp per row, 4asb; the LayerNorms' mean and
@@ -53,6 +53,7 @@ import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 import weakref  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
 
 import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
@@ -61,15 +62,16 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from ..dropin.libraries import stock_checkpoint_module  # noqa: E402
 from ..recompute import POLICIES, checkpoint_module  # noqa: E402
+from ..tools.memory import activation_bytes  # noqa: E402
 from .transformer import Block  # noqa: E402
 
 IMPLS = {"minddp": checkpoint_module, "stock": stock_checkpoint_module}
 
 
 def formula(policy, s, b, h, a):
-    """Bytes one block keeps for backward (fp32, dropout on): see the docstring."""
-    return {"none": 72 * s * b * h + 16 * s * b + 4 * a * s * b, "full": 4 * s * b * h,
-            "selective": 44 * s * b * h + 4 * a * s * b}[policy]
+    """Bytes one block keeps for backward (fp32, dropout on): the memory planner's."""
+    return activation_bytes(SimpleNamespace(sequence=s, micro_batch=b, hidden=h, heads=a, tp=1,
+                                            precision="fp32", dropout=True, recompute=policy))
 
 
 class Outputs(TorchDispatchMode):

@@ -1,0 +1,147 @@
+"""The memory planner (minddp/tools/memory.py, `minddp memory`) against what ranks hold.
+
+    pytest tests/test_memory.py
+
+At 2 ranks (the suite's shared spawn) the small GPT trains one AdamW step under DDP,
+ZeRO-1, FSDP, TP and a 2-stage pipeline, each minddp's; each rank sums the bytes of its
+parameters, gradients and optimizer state (its shards, its slices, its stage) and of what
+a block keeps for backward, and the planner's lines must be those bytes (ZeRO-1, which
+hands out whole parameters, within the largest one). In-process: the parameters of Llama
+3.2 1B, 3.1 8B and 3.1 70B counted as their model cards count them, and bad input refused
+in one line.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import share_spawn, shared_results
+from minddp import UsageError
+from minddp.tools.memory import activation_bytes, parse, plan
+
+SMALL = ["--layers", "2", "--hidden", "16", "--heads", "4", "--vocab", "32", "--sequence", "8",
+         "--micro-batch", "4", "--precision", "fp32"]
+CASES = {"ddp": ["--dp", "2"], "zero1": ["--dp", "2", "--zero", "1"],
+         "fsdp": ["--dp", "2", "--zero", "3"], "tp": ["--tp", "2"],
+         "pp": ["--pp", "2", "--untied"]}
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _bytes(tensors):
+    return sum(_local(t).numel() * _local(t).element_size() for t in tensors)
+
+
+def _held(rank, world_size):
+    """{case: (parameter, gradient, optimizer bytes), tp activations} on this rank."""
+    from minddp import ManualDDP, ShardedOptimizer, fully_shard, pp
+    from minddp.bench.recompute import kept_bytes
+    from minddp.bench.transformer import Block, gpt
+    from minddp.compose import tp_plan
+    from minddp.mesh import init_device_mesh
+    import minddp.tp as tp
+    out = {}
+    g = torch.Generator().manual_seed(rank)
+    x, y = (torch.randint(0, 32, (4, 8), generator=g) for _ in range(2))
+    for case in CASES:
+        torch.manual_seed(0)
+        model = gpt(tied=case != "pp")
+        params = list(model.parameters())
+        if case in ("ddp", "zero1"):
+            model = ManualDDP(model)
+        elif case == "fsdp":
+            for block in model[1:-1]:
+                fully_shard(block)
+            fully_shard(model)
+        elif case == "tp":
+            mesh = init_device_mesh("cpu", (world_size,))
+            for block in model[1:-1]:
+                tp.parallelize_module(block, mesh, tp_plan(tp))
+        if case == "pp":
+            stage = pp.PipelineStage(pp.stage_layers(model, rank, world_size), rank, world_size)
+            params = list(stage.submod.parameters())
+            schedule = pp.Schedule1F1B(stage, 2, loss_fn=lambda out, t: F.cross_entropy(
+                out.flatten(0, 1), t.flatten()))
+            optimizer = torch.optim.AdamW(params, lr=1e-2)
+            schedule.step(*([x] if rank == 0 else []), target=y if rank == 1 else None)
+        else:
+            params = list(model.parameters())
+            optimizer = (ShardedOptimizer(params, torch.optim.AdamW, lr=1e-2) if case == "zero1"
+                         else torch.optim.AdamW(params, lr=1e-2))
+            F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+        optimizer.step()
+        inner = getattr(optimizer, "optim", optimizer)  # ShardedOptimizer: this rank's
+        state = [t for s in inner.state.values() for t in s.values() if torch.is_tensor(t)]
+        out[case] = (_bytes(params), _bytes(p.grad for p in params if p.grad is not None),
+                     _bytes(state), max(p.numel() for p in params))
+    mesh = init_device_mesh("cpu", (world_size,))
+    for policy in ("none", "selective", "full"):  # one block, split over tp=2
+        from minddp.recompute import POLICIES, checkpoint_module
+        torch.manual_seed(0)
+        block = Block(16, 4, dropout=0.1)
+        tp.parallelize_module(block, mesh, tp_plan(tp))
+        if POLICIES[policy] is not None:
+            checkpoint_module(block, POLICIES[policy])
+        out["tp activations", policy] = kept_bytes(block, 8, 4, 16)
+    return out
+
+
+share_spawn(_held, [2])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_planner_says_what_each_rank_holds(case):
+    rows = {what: n for what, n, _ in plan(parse(SMALL + CASES[case]))}
+    for rank, out in enumerate(shared_results(_held, 2)):
+        if case == "pp" and rank == 1:
+            continue  # the planner speaks for the first stage (the embedding and 2 in flight)
+        params, grads, state, largest = out[case]
+        assert (rows["parameters"], rows["gradients"]) == (params, grads), (rank, rows, out[case])
+        if case == "zero1":  # whole parameters to each rank: the split is uneven by a tensor
+            assert abs(rows["optimizer"] - state) <= 8 * largest + 4 * 32, (rank, rows, state)
+        else:
+            assert rows["optimizer"] == state, (rank, rows, state)
+
+
+@pytest.mark.parametrize("policy", ["none", "selective", "full"])
+def test_the_planner_says_what_a_tp_block_keeps(policy):
+    args = parse(SMALL + ["--tp", "2", "--dropout", "--recompute", policy])
+    for rank, out in enumerate(shared_results(_held, 2)):
+        assert activation_bytes(args) == out["tp activations", policy], (rank, policy)
+
+
+@pytest.mark.parametrize("name,flags,parameters", [
+    ("Llama 3.2 1B", "--layers 16 --hidden 2048 --heads 32 --kv-heads 8 --ffn 8192",
+     1_235_814_400),
+    ("Llama 3.1 8B", "--layers 32 --hidden 4096 --heads 32 --kv-heads 8 --ffn 14336 --untied",
+     8_030_261_248),
+    ("Llama 3.1 70B", "--layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --untied",
+     70_553_706_496)])
+def test_llamas_parameters_are_counted_as_their_model_cards(name, flags, parameters):
+    args = parse(["--arch", "llama", "--vocab", "128256", "--sequence", "4096",
+                  "--micro-batch", "1", *flags.split()])
+    rows = {what: n for what, n, _ in plan(args)}
+    assert rows["parameters"] == 2 * parameters, name  # bf16
+    assert rows["optimizer"] == 12 * parameters + 4 * (9 * args.layers + 2 +
+                                                        (1 if args.untied else 0)), name
+    per = 4096 * 1 * args.hidden  # s b h: the Playbook's 34sbh + 5as^2b per layer
+    assert rows["activations"] == args.layers * (34 * per + 5 * args.heads * 4096 * 4096), name
+
+
+@pytest.mark.parametrize("flags,message", [
+    ("--tp 3", "--tp 3 does not divide the 4 heads"),
+    ("--pp 3", "--pp 3 does not divide the 2 layers"),
+    ("--heads 3", "--heads 3 does not divide --hidden 16")])
+def test_a_mesh_that_does_not_fit_is_one_line(flags, message):
+    with pytest.raises(UsageError, match=message):
+        plan(parse(SMALL + flags.split()))
+
+
+@pytest.mark.parametrize("flags,message", [
+    ("--precision fp8", "invalid choice: 'fp8'"), ("--recompute some", "invalid choice")])
+def test_an_unknown_precision_or_policy_is_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit:
+        parse(flags.split())
+    assert exit.value.code == 2 and message in capsys.readouterr().err
