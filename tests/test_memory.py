@@ -20,7 +20,7 @@ from minddp import UsageError
 from minddp.tools.memory import activation_bytes, parse, plan
 
 SMALL = ["--layers", "2", "--hidden", "16", "--heads", "4", "--vocab", "32", "--sequence", "8",
-         "--micro-batch", "4", "--precision", "fp32"]
+         "--micro-batch", "4", "--precision", "fp32", "--activations", "cpu"]
 CASES = {"ddp": ["--dp", "2"], "zero1": ["--dp", "2", "--zero", "1"],
          "fsdp": ["--dp", "2", "--zero", "3"], "tp": ["--tp", "2"],
          "pp": ["--pp", "2", "--untied"]}
@@ -145,3 +145,39 @@ def test_an_unknown_precision_or_policy_is_one_line(flags, message, capsys):
     with pytest.raises(SystemExit) as exit:
         parse(flags.split())
     assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+# The Ultra-Scale Playbook's figure of memory against sequence length (its page's data,
+# assets/data/benchmarks/memusage_activations.html): GiB at s = 1024 .. 16384, b = 1, for
+# (layers, hidden, heads, vocab 128256) with its formulas: N = hv + L(12h^2 + 13h) + 2h plus
+# a learned position embedding (sh), 4N parameters, 4N gradients, 8N optimizer states, and
+# activations of L(34sbh + 5as^2b), plus sbh.
+PLAYBOOK = {
+    "Meta-Llama-3.1-8B": ((32, 4096, 32), [25.979034423828125, 25.994659423828125,
+                                            26.025909423828125, 26.088409423828125,
+                                            26.213409423828125],
+                          [9.25390625, 28.5078125, 97.015625, 354.03125, 1348.0625]),
+    "Meta-Llama-3.1-70B": ((80, 8192, 64), [243.97711181640625, 244.00836181640625,
+                                             244.07086181640625, 244.19586181640625,
+                                             244.44586181640625],
+                           [46.2578125, 142.515625, 485.03125, 1770.0625, 6740.125]),
+    "Meta-Llama-3.1-405B": ((126, 16384, 128), [1519.99072265625, 1520.05322265625,
+                                                 1520.17822265625, 1520.42822265625,
+                                                 1520.92822265625],
+                            [145.703125, 448.90625, 1527.8125, 5575.625, 21231.25])}
+
+
+@pytest.mark.parametrize("name", list(PLAYBOOK))
+def test_the_planner_draws_the_playbooks_figure(name):
+    (layers, hidden, heads), parameters, activations = PLAYBOOK[name]
+    for s, theirs_p, theirs_a in zip([1024, 2048, 4096, 8192, 16384], parameters, activations):
+        args = parse(["--arch", "gpt", "--layers", str(layers), "--hidden", str(hidden),
+                      "--heads", str(heads), "--vocab", "128256", "--sequence", str(s),
+                      "--micro-batch", "1", "--precision", "fp32"])
+        rows = {what: n for what, n, _ in plan(args)}
+        assert rows["parameters"] == rows["gradients"] == theirs_p * 2**30, (name, s)
+        steps = 4 * (16 * layers + 4)  # AdamW's step counts, which the figure leaves out
+        assert rows["optimizer"] - steps == 2 * theirs_p * 2**30, (name, s)
+        # the figure's activations are the planner's plus s*b*h bytes (one byte an element
+        # of the embedding's output: not a block's, which is all the planner counts)
+        assert rows["activations"] + s * hidden == theirs_a * 2**30, (name, s)

@@ -71,7 +71,8 @@ IMPLS = {"minddp": checkpoint_module, "stock": stock_checkpoint_module}
 def formula(policy, s, b, h, a):
     """Bytes one block keeps for backward (fp32, dropout on): the memory planner's."""
     return activation_bytes(SimpleNamespace(sequence=s, micro_batch=b, hidden=h, heads=a, tp=1,
-                                            precision="fp32", dropout=True, recompute=policy))
+                                            activations="cpu", dropout=True,
+                                            recompute=policy))
 
 
 class Outputs(TorchDispatchMode):

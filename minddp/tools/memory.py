@@ -3,7 +3,7 @@
     minddp memory --arch llama --layers 32 --hidden 4096 --heads 32 --kv-heads 8 \\
         --ffn 14336 --vocab 128256 --untied --sequence 4096 --micro-batch 1   # Llama 3.1 8B
     minddp memory --layers 2 --hidden 16 --heads 4 --vocab 32 --sequence 8 --micro-batch 4 \\
-        --dp 2 --zero 3 --precision fp32                                    # the small GPT
+        --dp 2 --zero 3 --precision fp32 --activations cpu                  # the small GPT
 
 A model (--arch gpt: minddp's small GPT and nanoGPT, learned positions, LayerNorm and
 Linear biases, a 4h GELU MLP; llama: RMSNorm, no biases, grouped k and v heads, a SwiGLU MLP
@@ -17,10 +17,11 @@ and the most microbatches in flight):
   gradients    as the parameters, / dp from --zero 2
   optimizer    AdamW: 2 fp32 states per parameter, and a step count (4 bytes) per tensor;
                bf16: also the fp32 master weights (4N); / dp from --zero 1
-  activations  per block and microbatch: bf16 (the Ultra-Scale Playbook's, eager attention,
-               1-byte dropout masks) none 34sbh + 5as^2b, selective 34sbh, full 2sbh;
-               fp32 (the benchmark block on CPU as measured by minddp recompute-bench: flash
-               attention, float32 masks) none 72sbh + 16sb + 4asb (64sbh without
+  activations  per block and microbatch: --activations playbook (the Ultra-Scale
+               Playbook's: half precision, eager attention, 1-byte dropout masks) none
+               34sbh + 5as^2b, selective 34sbh, full 2sbh; --activations cpu (the benchmark
+               block in fp32 on CPU as minddp recompute-bench measures it: flash attention,
+               float32 masks) none 72sbh + 16sb + 4asb (64sbh without
                --dropout), selective 44sbh + 4asb, full 4sbh; under tp the split layers'
                part / tp (activation_bytes); x the blocks of a stage x pp microbatches in
                flight (1F1B's first stage); blocks only (embeddings, logits, loss not)
@@ -49,8 +50,12 @@ def parse(argv=None):
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
     p.add_argument("--precision", default="bf16", choices=list(PRECISIONS))
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    p.add_argument("--activations", default="playbook", choices=["playbook", "cpu"],
+                   help="playbook: half-precision activations, eager attention, 1-byte masks"
+                        " (the Ultra-Scale Playbook's); cpu: fp32, flash attention, float32"
+                        " masks (the benchmark block on CPU, as measured)")
     p.add_argument("--dropout", action="store_true",
-                   help="fp32: the blocks drop out (their float32 masks kept)")
+                   help="--activations cpu: the blocks drop out (their float32 masks kept)")
     return p.parse_args(argv)
 
 
@@ -99,7 +104,7 @@ def activation_bytes(args):
     and the row splits' outputs are whole on every tp rank (no sequence parallelism)."""
     s, b, h, a, t = args.sequence, args.micro_batch, args.hidden, args.heads, args.tp
     sbh = s * b * h
-    if args.precision == "fp32":  # split: q, k, v 12, attention 4, MLP 16 + 16; whole: 16
+    if args.activations == "cpu":  # split: q, k, v 12, attention 4, MLP 16 + 16; whole: 16
         masks = 8 * sbh if args.dropout else 0  # (two float32 masks, after the row splits)
         per = {"none": 48 * sbh / t + 16 * sbh + masks + 16 * s * b + 4 * a * s * b / t,
                # kept: the input, and each matmul's output (the row splits' whole: 4 + 4)
@@ -132,7 +137,7 @@ def plan(args):
              f" + 4 x {tensors} tensors' step counts" + (f" / dp {d}" if args.zero == 1 else ""))]
     blocks, in_flight = args.layers // args.pp, args.pp
     rows.append(("activations", activation_bytes(args) * blocks * in_flight,
-                 f"{args.recompute}, {args.precision}: per block {activation_bytes(args):,.0f}"
+                 f"{args.recompute}, {args.activations}: per block {activation_bytes(args):,.0f}"
                  f" B x {blocks} blocks x {in_flight} microbatches in flight"))
     rows.append(("peak", sum(r[1] for r in rows), "the sum (no allocator overhead, no"
                  " buffers for communication, no logits)"))
