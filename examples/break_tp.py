@@ -94,7 +94,10 @@ def run(env, mesh, steps=3):
                    else "a different summation order, not a wrong result" if ulps <= 16
                    else _bias_factor(outs, base, env.world_size) if step == 0 else "")
             verdict = (f"parts from stock at step {step}: output off by {out_gap:.3g}"
-                       f" ({ulps:.1f} rounding units){': ' + why if why else ''}; weights by up"
+                       # (3 digits when large: the last bit of the output's largest value,
+                       # which sets the unit, differs between CPUs)
+                       f" ({f'{ulps:.1f}' if ulps < 100 else f'{ulps:.3g}'} rounding units)"
+                       f"{': ' + why if why else ''}; weights by up"
                        f" to {max(gaps):.3g} ({names[gaps.index(max(gaps))]}); the replicated"
                        f" embed.weight {_replicas(models['minddp'].embed.weight)}")
     for table in tables.values():
