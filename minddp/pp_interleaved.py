@@ -13,6 +13,7 @@ microbatch i (stock's notation, `torch.distributed.pipelining.schedules._Action`
 a slot the rank waits (it keeps the ranks' lists aligned in time, and runs nothing). The
 lists below are stock's, written out; pp.py's loop runs them. In the order they appear:
   loop_placement    stage s on rank s % p
+  parse_action      "2F0" -> (2, "F", 0), for every schedule's runner and tool
   looped_bfs        breadth first: every microbatch through stage r, then r+p, ...; the
                     backwards from the last local stage, latest microbatch first
   interleaved_1f1b  depth first (Megatron's interleaved 1F1B): a warm-up of forwards
@@ -37,6 +38,12 @@ def loop_placement(stage_index, pp):
 
 def _action(stage, kind, i):
     return f"{stage}{kind}{i}"
+
+
+def parse_action(action):
+    """"2F0" -> (2, "F", 0): the stage, the kind (F, B, I or W), the microbatch."""
+    stage, kind, i = re.fullmatch(r"(\d+)([FBIW])(\d+)", action).groups()
+    return int(stage), kind, int(i)
 
 
 def looped_bfs(rank, pp, n_local, n):
@@ -140,9 +147,7 @@ class ScheduleMulti(Schedule):
         by_index = {stage.index: stage for stage in self.stages}
         actions = [a for a in actions if a]
         self.log = actions
-        return [(by_index[int(s)], kind, int(i))
-                for s, kind, i in (re.fullmatch(r"(\d+)([FBIW])(\d+)", a).groups()
-                                   for a in actions)]
+        return [(by_index[s], kind, i) for s, kind, i in map(parse_action, actions)]
 
 
 class ScheduleInterleaved1F1B(ScheduleMulti):

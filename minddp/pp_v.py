@@ -16,8 +16,8 @@ the rank's two PipelineStages; step() as before.
 
 import torch.distributed as dist
 
-from .pp_interleaved import _action
-from .pp_zero_bubble import ZeroBubble, _parse
+from .pp_interleaved import _action, parse_action
+from .pp_zero_bubble import ZeroBubble
 from .usage_error import UsageError
 
 
@@ -58,7 +58,7 @@ def zbv(rank, pp, n):
         w0 += 1
     actions += [_action(c1, "W", i) for i in range(w1, counts[c1, "I"] + 1)]
     actions += [_action(c0, "W", i) for i in range(w0, counts[c0, "I"] + 1)]
-    return [a if a is None or _parse(a)[2] < n else None for a in actions]
+    return [a if a is None or parse_action(a)[2] < n else None for a in actions]
 
 
 def dualpipev(rank, pp, n):

@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from .pp_interleaved import ScheduleMulti, interleaved_1f1b
+from .pp_interleaved import ScheduleMulti, interleaved_1f1b, parse_action
 from .usage_error import UsageError
 
 
@@ -37,7 +37,7 @@ def add_bubbles(lists, num_stages):
             if at[r] >= len(actions):
                 continue
             action = actions[at[r]]
-            stage, kind, i = _parse(action) if action else (None, None, None)
+            stage, kind, i = parse_action(action) if action else (None, None, None)
             if action and kind == "F" and stage and (stage - 1, "F", i) not in done:
                 result[r].append(None)  # wait: the activation is not there yet
                 continue
@@ -47,12 +47,6 @@ def add_bubbles(lists, num_stages):
             at[r] += 1
         done |= now
     return result
-
-
-def _parse(action):
-    kind = next(k for k in "FBIW" if k in action)
-    stage, i = action.split(kind)
-    return int(stage), kind, int(i)
 
 
 class ZeroBubble(ScheduleMulti):

@@ -18,10 +18,10 @@ stages per rank (each is that much smaller); communication free. Per schedule:
            one-stage microbatch's
 """
 
-from ..pp_interleaved import interleaved_1f1b, looped_bfs
+from ..pp_interleaved import interleaved_1f1b, looped_bfs, parse_action
 from ..pp_schedules import gpipe, one_f_one_b
 from ..pp_v import dualpipev, zbv
-from ..pp_zero_bubble import _parse, add_bubbles
+from ..pp_zero_bubble import add_bubbles
 
 COST = {"F": 1, "I": 1, "W": 1, "B": 2}
 
@@ -52,7 +52,7 @@ def timeline(lists, num_stages, per_rank=1):
         progressed = False
         for r, actions in enumerate(todo):
             while actions:
-                s, kind, i = _parse(actions[0])
+                s, kind, i = parse_action(actions[0])
                 needs = [(s, "F", i)] if kind != "F" else []
                 if kind == "F" and s > 0:
                     needs.append((s - 1, "F", i))
@@ -80,7 +80,7 @@ def figures(name, v, lists, p, m):
     for actions in lists:
         now = peak = 0
         for a in filter(None, actions):
-            now += {"F": 1, "B": -1, "W": -1}.get(_parse(a)[1], 0)
+            now += {"F": 1, "B": -1, "W": -1}.get(parse_action(a)[1], 0)
             peak = max(peak, now)
         alive.append(peak)
     formula = None if "Zero" in name or "Dual" in name else (p - 1) / (v * m + p - 1)
@@ -101,7 +101,7 @@ def draw(rows, path, p, m):
     for ax, row in zip(axes[:, 0], rows):
         for r, spans in enumerate(row["spans"]):
             for action, start, end in spans:
-                kind = _parse(action)[1]
+                kind = parse_action(action)[1]
                 ax.barh(p - 1 - r, end - start, left=start, height=0.8, color=COLORS[kind],
                         alpha=0.55 if kind == "I" else 1, edgecolor="white", linewidth=0.5)
                 ax.text((start + end) / 2, p - 1 - r, action, ha="center", va="center",
