@@ -13,8 +13,8 @@ saved tensors back just before they are needed: memory for compute. In the order
                the autocast state put back, so the same ops run in the same precision), its
                saved tensors are collected in the same order, and each number answered
   Keep, Reuse  selective recomputation (save_ops): in forward the outputs of the ops named
-               (the matmuls: costly to redo, cheap to keep) are kept; in the second forward
-               those ops are not run again, their kept outputs returned: only the cheap ops
+               (the matmuls and attention: the costly ones to redo) are kept; in the second
+               forward those ops return their kept outputs instead: only the cheap ops
                (pointwise: GELU, dropout, adds) are recomputed
   checkpoint_module   a module's forward under checkpoint, in place (a block, before
                fully_shard shards it)

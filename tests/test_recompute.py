@@ -128,7 +128,8 @@ def test_recomputation_is_bitwise_no_checkpointing_and_stocks(autocast, seed, ba
 
 def test_full_recomputes_the_matmuls_selective_only_the_cheap_ops():
     runs = one_process()
-    full, selective = recomputed(runs, ("minddp", "full")), recomputed(runs, ("minddp", "selective"))
+    full = recomputed(runs, ("minddp", "full"))
+    selective = recomputed(runs, ("minddp", "selective"))
     # 2 blocks x 6 Linear layers, attention once per block; the dropout masks drawn again
     # (the RNG put back: the same masks, or the gradients above would differ)
     assert full["addmm"] == 12 and full["_scaled_dot_product_flash_attention_for_cpu"] == 2

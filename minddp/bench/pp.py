@@ -101,7 +101,7 @@ def build(way, model, rank, world_size, m, device):
     runner = getattr(lib, f"Schedule{name}")(stages if len(stages) > 1 else stages[0], m,
                                              loss_fn=F.cross_entropy)
     recorder = Recorder()
-    if impl == "minddp":  # the schedule's two hooks: forward(stage, i, x), backward(stage, kind, i, loss)
+    if impl == "minddp":  # its two hooks: forward(stage, i, x), backward(stage, kind, i, loss)
         recorder.wrap(runner, "forward", lambda a, k: (a[0].index, "F", a[1]))
         recorder.wrap(runner, "backward", lambda a, k: (a[0].index, a[1], a[2]))
         for stage in stages:
