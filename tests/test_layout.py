@@ -33,7 +33,8 @@ def test_the_top_level_is_the_lessons():
                             "zero", "zero_state", "fsdp", "fsdp_param", "tp_ops", "tp",
                             "tp_plan", "sp", "pp", "elastic", "teardown", "mesh", "rendezvous", "pp_schedules",
                             "mesh_plan", "compose", "clip", "pp_interleaved",
-                            "pp_zero_bubble", "pp_v", "recompute"}
+                            "pp_zero_bubble", "pp_v", "recompute", "blockwise", "context",
+                            "context_parallel"}
     assert FOLDERS == ["bench", "dropin", "run", "tools"]
     for folder in FOLDERS:  # each opens with a paragraph saying what it holds and for whom
         doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text()))

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import BLOCKS, HEADS, TOKENS, WIDTH  # noqa: F401  (the benchmark's sizes)
+from ..usage_error import UsageError
 
 
 class MLP(nn.Module):
@@ -66,9 +67,16 @@ class Embedding(nn.Module):
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(tokens, d)
         for table in (self.wte, self.wpe):  # nanoGPT's scale (N(0, 1), tied, gives wild logits)
             nn.init.normal_(table.weight, std=0.02)
+        # The positions a buffer (torchtitan's freqs_cis): context parallelism cuts it with
+        # the tokens, so each rank's tokens meet their own positions (context_parallel.py).
+        self.register_buffer("positions", torch.arange(tokens), persistent=False)
 
     def forward(self, idx):
-        return self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        if idx.shape[1] != len(self.positions):  # e.g. tokens cut, positions not
+            raise UsageError(f"{idx.shape[1]} tokens but {len(self.positions)} positions",
+                             hint="under context_parallel, name model[0].positions among the"
+                                  " buffers (seq dim 0) beside the tokens")
+        return self.wte(idx) + self.wpe(self.positions)
 
 
 class Head(nn.Module):

@@ -21,9 +21,11 @@ from torch.distributed._composable import checkpoint as stock_composable_checkpo
 from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
 from .. import clip, mesh as minddp_mesh, pp as minddp_pp, tp as minddp_tp
+from ..context_parallel import context_parallel
 from ..recompute import checkpoint_module
 from .ddp import ManualDDP
 from .fsdp import fully_shard
+from .stock_context import context_parallel as stock_context_parallel
 
 
 def _as_dtensor(p):
@@ -71,10 +73,11 @@ LIBRARIES = {
     "manual": SimpleNamespace(init_device_mesh=minddp_mesh.init_device_mesh, tp=minddp_tp,
                               fully_shard=fully_shard, DDP=ManualDDP, pipelining=minddp_pp,
                               clip_grad_norm_=clip.clip_grad_norm_,
-                              checkpoint=checkpoint_module),
+                              checkpoint=checkpoint_module, context_parallel=context_parallel),
     "stock": SimpleNamespace(init_device_mesh=stock_mesh, tp=stock_tp,
                              fully_shard=stock_fully_shard, DDP=DistributedDataParallel,
                              pipelining=stock_pipelining,
                              clip_grad_norm_=stock_clip_grad_norm_,
-                             checkpoint=stock_checkpoint_module),
+                             checkpoint=stock_checkpoint_module,
+                             context_parallel=stock_context_parallel),
 }

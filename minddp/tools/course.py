@@ -41,6 +41,9 @@ ORDER = [
     "examples/gpt_nd.py",
     # memory: activations recomputed in backward
     "minddp/recompute.py",
+    # context parallelism: the sequence cut over the ranks, attention round a ring
+    "minddp/blockwise.py", "minddp/context.py", "minddp/context_parallel.py",
+    "examples/context.py",
     # features and failures, each a small diff of manual_ddp.py
     "examples/accumulate.py", "examples/restart.py", "examples/uneven.py",
     "examples/break_ddp.py", "examples/break_fsdp.py", "examples/break_tp.py",
