@@ -53,7 +53,7 @@ def by_hand(q, k, v, is_causal, scale):
 
 def by_hand_backward(dout, q, k, v, out, lse, is_causal, scale):
     """One block's gradients, given the WHOLE row's out and lse: (dq, dk, dv) of this block."""
-    p = torch.exp(_scores(q, k, is_causal, scale) - lse.unsqueeze(-1))  # the block's share
+    p = torch.exp(_scores(q, k, is_causal, scale) - lse.unsqueeze(-1)).to(q.dtype)  # its share
     dv = p.transpose(-2, -1) @ dout
     dp = dout @ v.transpose(-2, -1)
     # The softmax's backward needs sum_j p_j dp_j over the WHOLE row, every block's keys:
