@@ -102,6 +102,14 @@ def check_buffers(buffers, seq_dims, no_restore, world_size, zigzag):
     if not all(any(n is b for b in buffers) for n in no_restore):
         raise UsageError("no_restore_buffers holds a tensor that is not in buffers",
                          hint="name a subset of buffers", same_on_every_rank=True)
+    for i, b in enumerate(buffers):  # cut in place: a view would write over its neighbours
+        if b.untyped_storage().nbytes() != b.numel() * b.element_size() or any(
+                b.untyped_storage().data_ptr() == c.untyped_storage().data_ptr()
+                for c in buffers[:i]):
+            raise UsageError(f"buffer {i} ({tuple(b.shape)}) shares its memory with another"
+                             f" tensor (a view, e.g. tokens[:, :-1]): cutting it in place"
+                             f" would overwrite the other", hint="pass .clone() of it",
+                             same_on_every_rank=True)
     lengths = {b.shape[d] for b, d in zip(buffers, seq_dims)}
     if len(lengths) > 1:  # a positions buffer longer than the tokens would be cut elsewhere
         raise UsageError(f"the buffers' sequence lengths differ: {sorted(lengths)}",
