@@ -30,6 +30,8 @@ COMMANDS = {  # subcommand: (module, what it does)
                " activations"),
     "recompute-bench": ("minddp.bench.recompute", "activations kept per block by policy,"
                         " the recompute's cost"),
+    "cp-bench": ("minddp.bench.context", "context parallel: work per rank, bytes round the"
+                 " ring, activations"),
 }
 
 
