@@ -212,6 +212,7 @@ def main(args):
 
 
 def draw(rows, path, machine_line):
+    """The picture: who computes which blocks (both layouts), pairs per rank, memory."""
     from ..tools.pictures import _pyplot
     plt = _pyplot()
     world_size = max(r["ranks"] for r in rows)
@@ -223,7 +224,7 @@ def draw(rows, path, machine_line):
         grid = torch.full((chunks, chunks), float("nan"))
         for q in range(chunks):
             grid[q, :q + 1] = owner[q]  # queries stay: the chunk's rank computes its row
-        ax.imshow(grid, cmap="tab10", vmin=0, vmax=9)
+        ax.imshow(grid.numpy(), cmap="tab10", vmin=0, vmax=9)
         ax.set_title(f"{layout}: who computes each block", fontsize=9)
         colours = plt.get_cmap("tab10")
         ax.legend(handles=[plt.matplotlib.patches.Patch(color=colours(r), label=f"rank {r}")
@@ -231,8 +232,9 @@ def draw(rows, path, machine_line):
         ax.set_xlabel("key chunk")
         ax.set_ylabel("query chunk")
     work = [r for r in rows if r["table"] == "work" and r["ranks"] == world_size]
+    bars = {}
     for i, r in enumerate(work):
-        pairs = [p["pairs"] / 1e6 for p in r["per_rank"]]
+        bars[r["layout"]] = pairs = [p["pairs"] / 1e6 for p in r["per_rank"]]
         axes[2].bar([x + 0.4 * i for x in range(world_size)], pairs, width=0.4,
                     label=r["layout"])
     axes[2].set_xlabel("rank")
@@ -252,6 +254,7 @@ def draw(rows, path, machine_line):
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return bars  # the pairs drawn per layout and rank (millions), for the test
 
 
 if __name__ == "__main__":
