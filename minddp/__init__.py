@@ -25,6 +25,7 @@ PUBLIC = {  # name -> the module that defines it
     "DDPEnv": "launch", "ddp_setup": "launch", "ddp_teardown": "teardown", "print0": "launch",
     "print_rank": "launch",
     "NaiveDDP": "naive", "BucketedDDP": "bucketed", "ShardedOptimizer": "zero",
+    "ring_attention": "context",
     "ManualDDP": "dropin.ddp", "fully_shard": "dropin.fsdp", "MixedPrecisionPolicy": "dropin.fsdp",
     "GradTable": "tools.gradtable", "check_replicas": "tools.replicas",
     "ReplicaError": "tools.replicas",

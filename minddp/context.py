@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .blockwise import KERNELS, merge
-from .groups import global_rank
+from .ring import pass_on
 from .usage_error import UsageError
 
 KV, GRAD_KV = 0, 1  # message tags: the blocks and their gradients travel side by side
@@ -54,32 +54,6 @@ def part_of_block(rank, source, is_causal, zigzag, length):
     if source < rank:  # its early chunk precedes both of mine; its late one follows both
         return whole, early, False
     return late, whole, False  # both of its chunks precede my late one, follow my early one
-
-
-class _InFlight:
-    """A block on its way: wait() finishes the send and the receive, and gives what came."""
-
-    def __init__(self, received, requests):
-        self.received, self.requests = received, requests
-
-    def wait(self):
-        for request in self.requests:
-            request.wait()
-        return self.received
-
-
-def pass_on(tensor, group, tag):
-    """Collective over the ring: send `tensor` to the next rank, receive the previous rank's.
-
-    Returns at once (isend, irecv); the caller computes meanwhile, then calls wait().
-    """
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
-    if size == 1:  # a ring of one: the next rank is this one
-        return _InFlight(tensor, [])
-    received = torch.empty_like(tensor)
-    ops = [dist.P2POp(dist.isend, tensor, global_rank(group, (rank + 1) % size), group, tag),
-           dist.P2POp(dist.irecv, received, global_rank(group, (rank - 1) % size), group, tag)]
-    return _InFlight(received, dist.batch_isend_irecv(ops))
 
 
 def _split(kv, like):
@@ -163,8 +137,10 @@ class _RingAttention(torch.autograd.Function):
 
 def ring_attention(q, k, v, group=None, is_causal=False, zigzag=False, kernel="fused",
                    scale=None):
-    """Collective: attention of this rank's (batch, heads, tokens, dim) q, k, v parts over
-    the whole sequence held by `group`; differentiable. zigzag: the parts are chunk_ids'."""
+    """Attention of this rank's part of the sequence against all of it: differentiable.
+
+    Collective: call on every rank. q, k, v: this rank's (batch, heads, tokens, head_dim)
+    parts of the sequence `group` holds; zigzag: the parts are chunk_ids' chunks."""
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
         raise UsageError(f"ring attention takes q, k, v of one shape (batch, heads, tokens,"
                          f" head_dim), got {[tuple(t.shape) for t in (q, k, v)]}",

@@ -56,8 +56,10 @@ def unshard_sequence(x, dim, group, zigzag):
 @contextlib.contextmanager
 def context_parallel(mesh, *, buffers=(), buffer_seq_dims=(), no_restore_buffers=(),
                      zigzag=True, kernel=None):
-    """Stock's context manager: the buffers cut to this rank's part in place (restored on
-    exit but for no_restore_buffers), F.scaled_dot_product_attention the ring over `mesh`."""
+    """Stock's context manager: inside it, F.scaled_dot_product_attention is the ring.
+
+    Collective: call on every rank. Each buffer is cut in place to this rank's part along
+    its buffer_seq_dim, and restored on exit (but those in no_restore_buffers)."""
     group = mesh.get_group()
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     check_buffers(buffers, buffer_seq_dims, no_restore_buffers, size, zigzag)

@@ -217,11 +217,40 @@ def one_process_gpt(model, batches, cp, dp, zigzag, lr=1e-2):
 
 
 def bound(q, k, v, world_size, zigzag):
-    """docs/context.md's bound on |ring - whole-sequence SDPA| for these inputs (float32)."""
-    eps = torch.finfo(torch.float32).eps / 2  # the unit roundoff
-    d, length = q.shape[-1], q.shape[2]
-    scale = 1 / math.sqrt(d)
-    score = scale * (q.norm(dim=-1).max() * k.norm(dim=-1).max()).item()  # |s| at most
-    merges = (2 * world_size - 1) if zigzag else world_size  # kernel calls per query row
-    kernel = 2 * d * score + length + 4  # one kernel's error, in units of eps * max|v|
-    return eps * v.abs().max().item() * (2 * kernel + merges * (8 + score + math.log(length)))
+    """docs/context.md's bound on |ring - whole-sequence SDPA| for these inputs (float32):
+    u max|v| [2 (2(d+2)S + n + 5) + (W-1)(8 + ((d+3)S + n + log n) / 2)], S bounding |score|."""
+    u = torch.finfo(torch.float32).eps / 2  # the unit roundoff, 2^-24
+    d, n = q.shape[-1], q.shape[2]
+    score = (q.norm(dim=-1).max() * k.norm(dim=-1).max()).item() / math.sqrt(d)  # S
+    kernel = 2 * (d + 2) * score + n + 5  # one kernel's error (a row of n keys), u max|v|
+    merge = 8 + ((d + 3) * score + n + math.log(n)) / 2  # one merge's, with its lse's error
+    return u * v.abs().max().item() * (2 * kernel + (world_size - 1) * merge)
+
+
+def measured_share(world_sizes=(2, 4, 8), seeds=20):
+    """[(ranks, causal, zigzag, largest |ring - whole|, its share of the bound)]: the
+    reference against whole-sequence SDPA, 8 tokens per rank, scores up to 5x sharper."""
+    rows = []
+    for world_size in world_sizes:
+        for causal, zigzag in [(False, False), (True, False), (True, True), (False, True)]:
+            worst, share = 0.0, 0.0
+            for seed in range(seeds):
+                g = torch.Generator().manual_seed(seed)
+                q, k, v = (torch.randn(2, 3, 8 * world_size, 8, generator=g) for _ in range(3))
+                q = q * (1 + 2 * (seed % 3))
+                whole = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                outs, _ = forward(*[[part(t, 2, r, world_size, zigzag) for r in range(world_size)]
+                                    for t in (q, k, v)], causal, zigzag)
+                error = max((o - part(whole, 2, r, world_size, zigzag)).abs().max().item()
+                            for r, o in enumerate(outs))
+                worst = max(worst, error)
+                share = max(share, error / bound(q, k, v, world_size, zigzag))
+            rows.append((world_size, causal, zigzag, worst, share))
+    return rows
+
+
+if __name__ == "__main__":  # python tests/context_reference.py: docs/context.md's figures
+    for ranks, causal, zigzag, worst, share in measured_share():
+        print(f"{ranks} ranks, {'causal' if causal else 'full'}, "
+              f"{'zig-zag' if zigzag else 'in order'}: largest error {worst:.2e},"
+              f" {share:.2%} of the bound")

@@ -42,8 +42,8 @@ def _module(path):
     return module
 
 
-def _table(tables, flags, cp):
-    return os.path.join(tables, f"{flags.replace(' ', '') or 'default'}-{cp}.txt")
+def _table(tables, world_size, flags, cp):
+    return os.path.join(tables, f"{world_size}{flags.replace(' ', '')}-{cp}.txt")
 
 
 def _train(rank, world_size, tables):
@@ -54,7 +54,7 @@ def _train(rank, world_size, tables):
     printed = {}
     for flags in RUNS[world_size]:
         for cp in ("manual", "reference"):
-            argv = [*flags.split(), "--cp", cp, "--grad-table", _table(tables, flags, cp)]
+            argv = [*flags.split(), "--cp", cp, "--grad-table", _table(tables, world_size, flags, cp)]
             args = example.checked(example.parser().parse_args(argv), world_size)
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
@@ -76,8 +76,9 @@ def _clean_tables():
 @pytest.mark.parametrize("world_size, flags", [(w, f) for w, fs in RUNS.items() for f in fs])
 def test_the_examples_tables_are_identical_to_the_references(world_size, flags):
     printed = shared_results(_train, world_size)
-    verdict = run([sys.executable, "-m", "minddp", "diff", _table(TABLES, flags, "manual"),
-                   _table(TABLES, flags, "reference")])
+    verdict = run([sys.executable, "-m", "minddp", "diff",
+                   _table(TABLES, world_size, flags, "manual"),
+                   _table(TABLES, world_size, flags, "reference")])
     assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stdout
     assert f"world size {world_size}, 3 steps" in verdict.stdout
     for rank, lines in enumerate(printed):
@@ -239,6 +240,14 @@ def _what_stock_does(world_size):
     x = torch.arange(6).view(1, 6)
     with context_parallel(mesh, buffers=[x], buffer_seq_dims=[1]):
         seen["six"] = x[0].tolist()
+    from minddp.bench.transformer import gpt
+    model, x = gpt(tokens=8), torch.zeros(2, 8, dtype=torch.long)
+    try:  # its public path, on CPU's attention kernel
+        with context_parallel(mesh, buffers=[x, model[0].positions], buffer_seq_dims=[1, 0]):
+            model(x)
+        seen["public"] = "ran"
+    except NotImplementedError as error:
+        seen["public"] = str(error)
     _attention._replaced_functions.clear()  # stock's patches hold the mesh (stock_context.py)
     return seen
 
@@ -272,4 +281,6 @@ def test_bad_input_is_one_line_and_stock_cuts_it_silently():
         wrong.append(stock["views"] != (right, [t + 1 for t in right]))
         # 6 tokens, zig-zag asked (stock's default): cut in order, without a word
         assert stock["six"] == ([0, 1, 2] if rank == 0 else [3, 4, 5])
+        assert stock["public"] == ("Operator aten._scaled_dot_product_flash_attention_for_cpu"
+                                   ".default does not have a sharding strategy registered.")
     assert wrong == [True, False]  # rank 0's tokens: [0, 1, 2, 3, 4, 13, ...], not 12, 13

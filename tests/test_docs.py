@@ -29,7 +29,7 @@ SUBCOMMANDS = "|".join([*COMMANDS, "--help"])  # `minddp needs ...` in prose is 
 
 COLLECTIVES = {"NaiveDDP", "BucketedDDP", "ManualDDP", "broadcast_parameters", "check_same_model",
                "fully_shard", "ddp_setup", "ddp_teardown", "check_replicas", "save_checkpoint",
-               "all_reduce_accuracy", "ShardedOptimizer"}
+               "all_reduce_accuracy", "ShardedOptimizer", "ring_attention"}
 
 
 def test_readme_sizes_are_the_files_sizes():

@@ -6,7 +6,8 @@ benchmark per lesson, each a `minddp` subcommand: `minddp bench` (DDP: naive, bu
 stock), `minddp zero-bench` (ZeRO-1), `minddp fsdp-bench` (FSDP: bytes per rank, bytes
 sent, step time), `minddp tp-bench` (tensor and sequence parallel against the formula),
 `minddp pp-bench` (the pipeline's bubble and activations per stage), `minddp mesh-bench`
-(every mesh of 4 and 8 ranks: what each rank holds and sends per dimension) and
+(every mesh of 4 and 8 ranks: what each rank holds and sends per dimension), `minddp
+cp-bench` (context parallel: who computes what, the bytes round the ring) and
 `minddp timeline` (when backward computes and each all-reduce runs).
 Times are reported as ratios to stock's, never asserted by a test. Stock's private FSDP
 internals, which the memory figures need, are read in one place: stock_fsdp.py.

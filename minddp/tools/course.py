@@ -42,12 +42,12 @@ ORDER = [
     # memory: activations recomputed in backward
     "minddp/recompute.py",
     # context parallelism: the sequence cut over the ranks, attention round a ring
-    "minddp/blockwise.py", "minddp/context.py", "minddp/context_parallel.py",
+    "minddp/blockwise.py", "minddp/ring.py", "minddp/context.py", "minddp/context_parallel.py",
     "examples/context.py",
     # features and failures, each a small diff of manual_ddp.py
     "examples/accumulate.py", "examples/restart.py", "examples/uneven.py",
     "examples/break_ddp.py", "examples/break_fsdp.py", "examples/break_tp.py",
-    "examples/break_pp.py",
+    "examples/break_pp.py", "examples/break_context.py",
 ]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- the reading order: made by `minddp lessons` -->", "<!-- end of the reading order -->"
