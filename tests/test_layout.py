@@ -34,7 +34,7 @@ def test_the_top_level_is_the_lessons():
                             "tp_plan", "sp", "pp", "elastic", "teardown", "mesh", "rendezvous", "pp_schedules",
                             "mesh_plan", "compose", "clip", "pp_interleaved",
                             "pp_zero_bubble", "pp_v", "recompute", "blockwise", "context",
-                            "context_parallel", "ring"}
+                            "context_parallel", "ring", "experts", "ep"}
     assert FOLDERS == ["bench", "dropin", "run", "tools"]
     for folder in FOLDERS:  # each opens with a paragraph saying what it holds and for whom
         doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text()))

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import BLOCKS, HEADS, TOKENS, WIDTH  # noqa: F401  (the benchmark's sizes)
+from ..experts import MoE
 from ..usage_error import UsageError
 
 
@@ -97,6 +98,16 @@ def gpt(vocab=32, d=16, heads=4, blocks=2, tokens=8, tied=True, dropout=0.0):
                           *(Block(d, heads, dropout) for _ in range(blocks)), Head(vocab, d))
     if tied:
         model[-1].lm_head.weight = model[0].wte.weight
+    return model
+
+
+def moe_gpt(vocab=32, d=16, heads=4, blocks=2, tokens=8, tied=True, experts=4, top_k=1,
+            capacity_factor=None):
+    """The small GPT with each block's MLP a mixture of `experts` experts (experts.py's MoE,
+    each expert the MLP's size), top_k of them per token."""
+    model = gpt(vocab, d, heads, blocks, tokens, tied)
+    for block in model[1:-1]:
+        block.mlp = MoE(d, 4 * d, experts, top_k, capacity_factor)
     return model
 
 

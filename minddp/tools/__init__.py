@@ -13,6 +13,7 @@ For anyone checking a lesson's claim ("bit for bit equal to stock") or looking i
     whole_tensors.py  a sharded model's whole weights and gradients (FSDP), to save and compare
     course.py         `minddp lessons`: the reading order, each file's size and idea
     memory.py         `minddp memory`: what one rank will hold, line by line, with formulas
+    moe_reference.py  one process on the whole batch: what expert parallelism is checked against
 They reach the lessons only from outside (hooks registered after the wrapper's, and the calls
 a lesson names for it: tp_plan.sliced, fsdp_param.unit_of), so recording changes no number.
 """

@@ -44,6 +44,8 @@ ORDER = [
     # context parallelism: the sequence cut over the ranks, attention round a ring
     "minddp/blockwise.py", "minddp/ring.py", "minddp/context.py", "minddp/context_parallel.py",
     "examples/context.py",
+    # expert parallelism: experts on different ranks, tokens there and back by all_to_all
+    "minddp/experts.py", "minddp/ep.py", "examples/experts.py",
     # features and failures, each a small diff of manual_ddp.py
     "examples/accumulate.py", "examples/restart.py", "examples/uneven.py",
     "examples/break_ddp.py", "examples/break_fsdp.py", "examples/break_tp.py",
