@@ -114,7 +114,7 @@ def _layer(rank, world_size, dp, top_k, capacity):
         data = [_tokens(r, step) for r in range(world_size)]
         routers = [copy.deepcopy(master.router) for _ in range(world_size)]
         experts = [copy.deepcopy(master.experts) for _ in range(dp)]
-        outs, balances = one_process_moe(routers, experts, master, [d[0] for d in data], ep)
+        outs, balances, _ = one_process_moe(routers, experts, master, [d[0] for d in data], ep)
         torch.autograd.backward([F.mse_loss(o, d[1]) + 0.01 * b
                                  for o, d, b in zip(outs, data, balances)])
         master.router.weight.grad = rank_order_sum([r.weight.grad for r in routers]) / world_size

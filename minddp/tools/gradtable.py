@@ -64,6 +64,8 @@ class GradTable:
             if g is None:
                 g = torch.full(p.shape, float("nan"))
             grads[name] = _to_numpy(g)
+        for name in (n for n in whole if n not in named):  # others' experts (ep.py): a
+            grads[name] = _to_numpy(whole[name])  # table made after expert_parallel
         if self.rank0_only and _rank() != 0:
             return
         self.rows.append((len(self.rows), epoch, grads))
@@ -142,8 +144,29 @@ def _whole_gradients(module, named):
     else:  # stock's DTensors (fully_shard, parallelize_module): full_tensor() gathers one
         whole = {name: _stock_whole(p) for name, p in named.items()}
     # minddp's tensor-parallel slices (tp.py) are gathered along the dimension they were cut.
-    return {name: _gather_slices(g, *cuts[name]) if name in cuts and g is not None else g
-            for name, g in whole.items()}
+    whole = {name: _gather_slices(g, *cuts[name]) if name in cuts and g is not None else g
+             for name, g in whole.items()}
+    return {**whole, **_expert_gradients(module)}
+
+
+def _expert_gradients(module):
+    """{name: gradient} of every expert of expert-parallel layers (ep.py), each gathered from
+    the ep rank that holds it: a collective. NaN where an expert had no gradient."""
+    ep = sys.modules.get("minddp.ep")
+    if ep is None:
+        return {}
+    whole = {}
+    for prefix, m in module.named_modules():
+        if not isinstance(m, ep.ExpertsOnRanks):
+            continue
+        for i, mlp in enumerate(m.mlps.values()):  # slot i: expert j * per_rank + i on rank j
+            for suffix, p in mlp.named_parameters():
+                g = p.grad if p.grad is not None else torch.full_like(p, float("nan"))
+                parts = [torch.empty_like(g) for _ in range(m.num_experts // m.per_rank)]
+                dist.all_gather(parts, g.detach().contiguous(), group=m.group)
+                for j, part in enumerate(parts):
+                    whole[f"{prefix}.mlps.{j * m.per_rank + i}.{suffix}"] = part
+    return whole
 
 
 def _stock_whole(p):

@@ -24,9 +24,9 @@ from ..experts import MoE, combine, route, sort_by_expert
 
 
 def one_process_moe(routers, experts, moe, xs, ep):
-    """([each rank's output], [each rank's balancing loss]) for xs[r] (tokens, d): routers[r]
-    rank r's router, experts[g] ep group g's Experts (ranks g*ep .. g*ep + ep - 1), moe the
-    layer (top_k, capacity)."""
+    """([each rank's output], [its balancing loss], [its pairs per expert]) for xs[r] (tokens,
+    d): routers[r] rank r's router, experts[g] ep group g's Experts (ranks g*ep .. g*ep +
+    ep - 1), moe the layer (top_k, capacity)."""
     routed = []
     for router, x in zip(routers, xs):
         weights, chosen, balance = route(router, x, moe.top_k)
@@ -43,7 +43,7 @@ def one_process_moe(routers, experts, moe, xs, ep):
             outputs = torch.cat([done[e][start[e]:start[e] + int(counts[e])]
                                  for e in range(moe.num_experts)])
             outs.append(combine(outputs, kept, weights, len(xs[g * ep + r])))
-    return outs, [balance for *_, balance in routed]
+    return outs, [r[4] for r in routed], [r[2] for r in routed]
 
 
 def rank_order_sum(parts):
@@ -73,11 +73,13 @@ class OneProcessMoEGPT:
         for layer in range(1, len(self.model) - 1):  # bench/transformer.py's Block.forward
             blocks = [replica[layer] for replica in self.replicas]
             hs = [x + b.attn(b.ln1(x)) for b, x in zip(blocks, xs)]
-            outs, balance = one_process_moe(
+            outs, balance, counts = one_process_moe(
                 [b.mlp.router for b in blocks], [e[layer - 1].experts for e in self.experts],
                 blocks[0].mlp, [b.ln2(h).reshape(-1, h.shape[-1]) for b, h in zip(blocks, hs)],
                 self.ep)
             xs = [h + o.view(h.shape) for h, o in zip(hs, outs)]
+            if layer == 1:
+                self.tokens_per_expert = counts  # each rank's pairs per expert, first block
             balances = [a + b for a, b in zip(balances, balance)]
         return [F.cross_entropy(replica[-1](x).flatten(0, 1), y.flatten()) + balance_coef * b
                 for replica, x, y, b in zip(self.replicas, xs, targets, balances)]
