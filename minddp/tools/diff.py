@@ -119,6 +119,16 @@ def constant_factor(grads_a, grads_b, step):
     return factor
 
 
+def partial_factor(grads_a, grads_b, step):
+    """(f, names) when only some parameters differ at `step`, each f times B's (an expert's
+    average skipped, say), the rest bitwise equal; else None."""
+    names = [n for n in grads_a if grads_a[n][step].tobytes() != grads_b[n][step].tobytes()]
+    if not names or len(names) == len(grads_a):
+        return None
+    factor = constant_factor({n: grads_a[n] for n in names}, {n: grads_b[n] for n in names}, step)
+    return None if factor is None else (factor, names)
+
+
 def world_size_change(meta_a, meta_b, step):
     """(first step, A's size, B's size) where the runs' world sizes part, at or before `step`."""
     sizes_a, sizes_b = meta_a.get("world_sizes"), meta_b.get("world_sizes")
@@ -184,14 +194,19 @@ def main(argv=None):
               f" later steps inherit it through the weights")
     else:
         print(": more than rounding, so the runs compute different gradients")
-        factor = constant_factor(grads_a, grads_b, step)
-        if factor is not None:
+        factor, some = constant_factor(grads_a, grads_b, step), partial_factor(
+            grads_a, grads_b, step)
+        if factor is not None or some is not None:
             # The same weights (step 0, or the steps before the runs parted), gradients a
             # constant factor apart: a loss or an average scaled differently.
+            factor = factor if factor is not None else some[0]
             guess = ("a sum not divided by world size?" if abs(factor - meta_a["world_size"]) < 1e-3
                      else "a mean divided twice?" if abs(factor * meta_a["world_size"] - 1) < 1e-3
                      else "a loss scaled differently?")
-            print(f"{factor:.3f}x: at step {step} A's gradients are {factor:.3f} times B's,"
+            which = "" if some is None else (
+                f" for {len(some[1])} of {len(grads_a)} parameters ({some[1][0]}, ...; the rest"
+                f" equal)")
+            print(f"{factor:.3f}x: at step {step} A's gradients are {factor:.3f} times B's{which},"
                   f" element by element: {guess}")
     for label, grads in (("A", grads_a), ("B", grads_b)):
         split = disagreeing_ranks(grads)
