@@ -32,6 +32,8 @@ COMMANDS = {  # subcommand: (module, what it does)
                         " the recompute's cost"),
     "cp-bench": ("minddp.bench.context", "context parallel: work per rank, bytes round the"
                  " ring, activations"),
+    "ep-bench": ("minddp.bench.experts", "expert parallel: tokens per expert, the all_to_alls'"
+                 " bytes, held"),
 }
 
 

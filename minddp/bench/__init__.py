@@ -7,7 +7,8 @@ stock), `minddp zero-bench` (ZeRO-1), `minddp fsdp-bench` (FSDP: bytes per rank,
 sent, step time), `minddp tp-bench` (tensor and sequence parallel against the formula),
 `minddp pp-bench` (the pipeline's bubble and activations per stage), `minddp mesh-bench`
 (every mesh of 4 and 8 ranks: what each rank holds and sends per dimension), `minddp
-cp-bench` (context parallel: who computes what, the bytes round the ring) and
+cp-bench` (context parallel: who computes what, the bytes round the ring), `minddp
+ep-bench` (expert parallel: tokens per expert, the all_to_alls' bytes, what each rank holds) and
 `minddp timeline` (when backward computes and each all-reduce runs).
 Times are reported as ratios to stock's, never asserted by a test. Stock's private FSDP
 internals, which the memory figures need, are read in one place: stock_fsdp.py.

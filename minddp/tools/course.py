@@ -49,7 +49,7 @@ ORDER = [
     # features and failures, each a small diff of manual_ddp.py
     "examples/accumulate.py", "examples/restart.py", "examples/uneven.py",
     "examples/break_ddp.py", "examples/break_fsdp.py", "examples/break_tp.py",
-    "examples/break_pp.py", "examples/break_context.py",
+    "examples/break_pp.py", "examples/break_context.py", "examples/break_experts.py",
 ]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- the reading order: made by `minddp lessons` -->", "<!-- end of the reading order -->"
