@@ -1,4 +1,4 @@
-"""Expert parallelism: the small GPT with mixture-of-experts MLPs, its experts spread over the ranks.
+"""Expert parallelism: the small GPT with mixture-of-experts MLPs, its experts over the ranks.
 
     torchrun --nproc_per_node=2 examples/experts.py --grad-table runs/ep.txt
     torchrun --nproc_per_node=2 examples/experts.py --ep reference --grad-table runs/ep-ref.txt
@@ -19,7 +19,7 @@ its experts, its loss and how many of its tokens' pairs each expert took (the fi
 
 import os
 
-from minddp.run.cli import ArgumentParser, parse_checked  # no torch: a typo costs a moment
+from minddp.run.cli import ArgumentParser, parse_checked, run_flags  # no torch: a typo is quick
 
 SIZES = dict(vocab=32, d=16, heads=4, blocks=2, tokens=8)
 
@@ -38,23 +38,14 @@ def parser():
     p.add_argument("--balance", type=float, default=0.01, help="the balancing loss's weight")
     p.add_argument("--batch", type=int, default=2, help="sequences per step and rank")
     p.add_argument("--steps", type=int, default=3, help="AdamW steps")
-    p.add_argument("--seed", type=int, default=123, help="torch.manual_seed before the model")
-    p.add_argument("--grad-table", metavar="PATH", help="record every rank's whole gradients")
-    p.add_argument("--timeout", type=float, default=120, metavar="S",
-                   help="seconds a rank waits in a collective for its peers before failing")
-    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    return p
+    return run_flags(p)  # --seed, --grad-table, --timeout, --backend, --device
 
 
 def checked(args, world_size=None):
     """The mesh and the layer against the world, before any group: one line each."""
     from minddp.usage_error import UsageError
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
-    for flag in ("dp", "experts", "batch", "steps"):
-        if getattr(args, flag) < 1:
-            raise UsageError(f"--{flag} {getattr(args, flag)}: must be 1 or more",
-                             hint=f"e.g. --{flag} 2", same_on_every_rank=True)
+    # (counts below 1 are refused by parse_checked, run/cli.py)
     if world_size % args.dp:
         raise UsageError(f"--dp {args.dp} does not divide the {world_size} ranks",
                          hint="ep = world size / dp must be whole", same_on_every_rank=True)

@@ -26,7 +26,7 @@ whole gradients, gathered over dp and tp (a pipeline's other stages' weights: Na
 
 import os
 
-from minddp.run.cli import ArgumentParser, parse_checked  # no torch: a typo costs a moment
+from minddp.run.cli import ArgumentParser, parse_checked, run_flags  # no torch: a typo is quick
 
 SIZES = dict(vocab=32, d=16, heads=4, tokens=8)
 
@@ -50,13 +50,7 @@ def parser():
     p.add_argument("--clip", type=float, metavar="MAX_NORM",
                    help="clip the whole model's gradient norm, over every rank (clip.py)")
     p.add_argument("--batch", type=int, default=4, help="sequences per step and dp rank")
-    p.add_argument("--seed", type=int, default=123, help="torch.manual_seed before the model")
-    p.add_argument("--grad-table", metavar="PATH", help="record every rank's whole gradients")
-    p.add_argument("--timeout", type=float, default=120, metavar="S",
-                   help="seconds a rank waits in a collective for its peers before failing")
-    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    return p
+    return run_flags(p)  # --seed, --grad-table, --timeout, --backend, --device
 
 
 def checked(args, world_size=None):

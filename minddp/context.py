@@ -1,4 +1,4 @@
-"""Context parallelism by hand: the sequence cut over the ranks, keys and values passed round a ring.
+"""Context parallelism by hand: each rank holds part of the sequence; keys and values go round.
 
     torchrun --nproc_per_node=2 examples/context.py --grad-table runs/cp.txt
     pytest tests/test_context.py      # 2 and 4 ranks: bitwise stock's ring and one process's
@@ -95,6 +95,7 @@ def ring_backward(dout, q, k, v, out, lse, group, is_causal, zigzag, kernel, sca
     attend_backward = KERNELS[kernel][1]
     kv = torch.cat([k.flatten(), v.flatten()])
     dq = torch.zeros_like(q, dtype=torch.float32)
+    grad_in = None  # the gradient of the block held, on its way from the previous rank
     for step in range(size):
         if step + 1 < size:
             incoming = pass_on(kv, group, KV)

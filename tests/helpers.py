@@ -9,6 +9,8 @@ waits for the event itself (a line printed, a process ended), not for a guessed 
 """
 
 import contextlib
+import importlib.util
+import io
 import os
 import signal
 import subprocess
@@ -153,6 +155,25 @@ def _run_shared(rank, world_size, work):
             out[name] = (False, traceback.format_exc())
         dist.barrier()  # each module's work ends on every rank before the next begins
     return out
+
+
+def load_script(path):
+    """An example or break-it script as a module: its __main__ blocks do not run."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def printed_by_main(script, env, argv, world_size):
+    """script.main(env, args) on this rank for argv, checked as the script checks it: the
+    lines it printed (the gradient table's own line left out)."""
+    args = script.checked(script.parser().parse_args(argv), world_size)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        script.main(env, args)
+    return [line for line in out.getvalue().splitlines()
+            if not line.startswith("gradient table:")]
 
 
 TAG = "MINDDP_TEST_TAG"  # every process a test starts carries it, workers too

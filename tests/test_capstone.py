@@ -10,9 +10,6 @@ each writing its gradient table; `minddp diff` must call each pair IDENTICAL. On
 launch (2 ranks, --mesh tp=2) runs the script as a user does, to its clean exit.
 """
 
-import contextlib
-import importlib.util
-import io
 import os
 import shutil
 import sys
@@ -22,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import REPO, run, share_spawn, shared_results, torchrun
+from helpers import (REPO, load_script, printed_by_main, run, share_spawn, shared_results,
+                     torchrun)
 from minddp import UsageError
 from minddp.launch import DDPEnv
 from minddp.mesh_plan import check_fits, parse_mesh
@@ -39,32 +37,20 @@ MESHES = {2: ["--mesh dp=2 --dropout 0.1", "--mesh dp=2 --dropout 0.1 --recomput
           8: ["--mesh pp=2,dp=2,tp=2 --untied --clip 0.1"]}
 
 
-def _example():
-    spec = importlib.util.spec_from_file_location("gpt_nd", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # its __main__ blocks do not run
-    return module
-
-
 def _table(tables, flags, impl):
     return os.path.join(tables, f"{flags.replace(' ', '').replace(',', '_')}-{impl}.txt")
 
 
 def _train(rank, world_size, tables):
     """Every mesh of this world size, both implementations: the lines each rank printed."""
-    example = _example()
+    example = load_script(SCRIPT)
     env = DDPEnv(rank, rank, world_size, "gloo", torch.device("cpu"), 120)
     os.makedirs(tables, exist_ok=True)
     printed = {}
     for flags in MESHES[world_size]:
         for impl in ("manual", "stock"):
             argv = [*flags.split(), "--impl", impl, "--grad-table", _table(tables, flags, impl)]
-            args = example.checked(example.parser().parse_args(argv), world_size)
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                example.main(env, args)
-            printed[flags, impl] = [line for line in out.getvalue().splitlines()
-                                   if not line.startswith("gradient table:")]
+            printed[flags, impl] = printed_by_main(example, env, argv, world_size)
     return printed
 
 
@@ -110,7 +96,7 @@ def test_stocks_own_clip_refuses_fsdp_over_tp_and_ddp_over_tp_hides_its_tp_weigh
 
 
 def test_clip_with_ddp_over_tp_is_refused_in_one_line():
-    example = _example()
+    example = load_script(SCRIPT)
     args = example.parser().parse_args(["--mesh", "dp=2,tp=2", "--dp", "ddp", "--clip", "1"])
     with pytest.raises(UsageError, match="^--clip with --dp ddp and tp: stock's DDP over TP"):
         example.checked(args, 4)

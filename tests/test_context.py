@@ -1,4 +1,4 @@
-"""Context parallelism (minddp/context.py, context_parallel.py) against stock's ring and one process.
+"""Context parallelism (minddp/context.py, context_parallel.py) against stock's ring, one process.
 
     pytest tests/test_context.py
 
@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import context_reference as ref
-from helpers import share_spawn, shared_results, usage_errors
+from helpers import share_spawn, shared_results
 from minddp.blockwise import by_hand, fused
 from minddp.context import ring_attention
 

@@ -14,7 +14,6 @@ silently wrong where minddp refuses).
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import os
 import shutil
@@ -23,9 +22,9 @@ import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from helpers import REPO, run, share_spawn, shared_results, torchrun, usage_errors
+from helpers import (REPO, load_script, printed_by_main, run, share_spawn, shared_results,
+                     torchrun, usage_errors)
 from minddp import UsageError
 from minddp.launch import DDPEnv
 
@@ -35,32 +34,21 @@ TABLES = os.path.join(tempfile.gettempdir(), f"minddp-context-{os.getpid()}")  #
 RUNS = {2: ["", "--layout in-order"], 4: ["", "--dp 2"]}
 
 
-def _module(path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # its __main__ blocks do not run
-    return module
-
-
 def _table(tables, world_size, flags, cp):
     return os.path.join(tables, f"{world_size}{flags.replace(' ', '')}-{cp}.txt")
 
 
 def _train(rank, world_size, tables):
     """Each run of this world size, --cp manual and reference: the lines each rank printed."""
-    example = _module(SCRIPT)
+    example = load_script(SCRIPT)
     env = DDPEnv(rank, rank, world_size, "gloo", torch.device("cpu"), 120)
     os.makedirs(tables, exist_ok=True)
     printed = {}
     for flags in RUNS[world_size]:
         for cp in ("manual", "reference"):
-            argv = [*flags.split(), "--cp", cp, "--grad-table", _table(tables, world_size, flags, cp)]
-            args = example.checked(example.parser().parse_args(argv), world_size)
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                example.main(env, args)
-            printed[flags, cp] = [line for line in out.getvalue().splitlines()
-                                  if not line.startswith("gradient table:")]
+            argv = [*flags.split(), "--cp", cp, "--grad-table",
+                    _table(tables, world_size, flags, cp)]
+            printed[flags, cp] = printed_by_main(example, env, argv, world_size)
     return printed
 
 
@@ -79,7 +67,7 @@ def test_the_examples_tables_are_identical_to_the_references(world_size, flags):
     verdict = run([sys.executable, "-m", "minddp", "diff",
                    _table(TABLES, world_size, flags, "manual"),
                    _table(TABLES, world_size, flags, "reference")])
-    assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stdout
+    assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stderr
     assert f"world size {world_size}, 3 steps" in verdict.stdout
     for rank, lines in enumerate(printed):
         assert lines[flags, "manual"] == lines[flags, "reference"], rank  # losses, every bit
@@ -109,18 +97,23 @@ def test_the_script_under_torchrun_trains_and_exits_cleanly(tmp_path):
     (["--tokens", "12"], 4, "--tokens 12 does not split into 8 chunks (zigzag over cp=4)"),
     (["--tokens", "6", "--layout", "in-order"], 4,
      "--tokens 6 does not split into 4 chunks (in-order over cp=4)"),
-    (["--batch", "0"], 2, "--batch 0: must be 1 or more"),
 ])
 def test_a_run_that_cannot_cut_its_sequences_is_one_line(argv, world_size, message):
-    example = _module(SCRIPT)
+    example = load_script(SCRIPT)
     with pytest.raises(UsageError) as error:
         example.checked(example.parser().parse_args(argv), world_size)
     assert error.value.message == message and error.value.same_on_every_rank
 
 
+def test_a_count_below_one_is_refused_before_torch_loads():
+    result = run([sys.executable, str(SCRIPT), "--batch", "0"])
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[0] == "error: --batch 0: must be 1 or more", result.stderr
+
+
 def _breaks(rank, world_size, tables):
     """examples/break_context.py's run() under each break: every rank's verdict."""
-    script = _module(BREAK)
+    script = load_script(BREAK)
     os.makedirs(tables, exist_ok=True)
     script.args = argparse.Namespace(grad_table=os.path.join(tables, "break.txt"))
     env = DDPEnv(rank, rank, world_size, "gloo", torch.device("cpu"), 120)

@@ -13,7 +13,6 @@ measurement at 2 ranks: the bytes to all_to_all and the parameters held equal th
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import os
 import shutil
@@ -23,7 +22,8 @@ import tempfile
 import pytest
 import torch
 
-from helpers import REPO, run, share_spawn, shared_results, torchrun
+from helpers import (REPO, load_script, printed_by_main, run, share_spawn, shared_results,
+                     torchrun)
 from minddp import UsageError
 from minddp.launch import DDPEnv
 
@@ -33,20 +33,13 @@ TABLES = os.path.join(tempfile.gettempdir(), f"minddp-experts-{os.getpid()}")  #
 RUNS = {2: ["", "--top-k 2 --capacity-factor 1.25"], 4: ["--experts 8", "--dp 2 --top-k 2"]}
 
 
-def _module(path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # its __main__ blocks do not run
-    return module
-
-
 def _table(tables, world_size, flags, ep):
     return os.path.join(tables, f"{world_size}{flags.replace(' ', '')}-{ep}.txt")
 
 
 def _train(rank, world_size, tables):
     """Each run of this world size, --ep manual and reference: the lines each rank printed."""
-    example = _module(SCRIPT)
+    example = load_script(SCRIPT)
     env = DDPEnv(rank, rank, world_size, "gloo", torch.device("cpu"), 120)
     os.makedirs(tables, exist_ok=True)
     printed = {}
@@ -54,12 +47,7 @@ def _train(rank, world_size, tables):
         for ep in ("manual", "reference"):
             argv = [*flags.split(), "--ep", ep, "--grad-table",
                     _table(tables, world_size, flags, ep)]
-            args = example.checked(example.parser().parse_args(argv), world_size)
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                example.main(env, args)
-            printed[flags, ep] = [line for line in out.getvalue().splitlines()
-                                  if not line.startswith("gradient table:")]
+            printed[flags, ep] = printed_by_main(example, env, argv, world_size)
     return printed
 
 
@@ -109,7 +97,7 @@ def test_the_script_under_torchrun_trains_and_exits_cleanly(tmp_path):
     (["--capacity-factor", "0"], 2, "--capacity-factor 0: no expert could take a token"),
 ])
 def test_a_run_that_cannot_place_its_experts_is_one_line(argv, world_size, message):
-    example = _module(SCRIPT)
+    example = load_script(SCRIPT)
     with pytest.raises(UsageError) as error:
         example.checked(example.parser().parse_args(argv), world_size)
     assert error.value.message == message and error.value.same_on_every_rank
@@ -118,7 +106,7 @@ def test_a_run_that_cannot_place_its_experts_is_one_line(argv, world_size, messa
 def _breaks(rank, world_size, tables):
     """examples/break_experts.py's run() under each break: every rank's verdict."""
     from minddp.mesh import init_device_mesh
-    script = _module(BREAK)
+    script = load_script(BREAK)
     os.makedirs(tables, exist_ok=True)
     script.args = argparse.Namespace(grad_table=os.path.join(tables, "break.txt"))
     env = DDPEnv(rank, rank, world_size, "gloo", torch.device("cpu"), 120)

@@ -213,7 +213,7 @@ def main(args):
 
 def draw(rows, path, machine_line):
     """The picture: who computes which blocks (both layouts), pairs per rank, memory."""
-    from ..tools.pictures import _pyplot
+    from ..tools.pictures import _pyplot, save
     plt = _pyplot()
     world_size = max(r["ranks"] for r in rows)
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.8))
@@ -250,9 +250,7 @@ def draw(rows, path, machine_line):
     axes[3].set_ylabel("MiB saved for backward")
     axes[3].set_title("activations", fontsize=9)
     axes[3].legend(fontsize=8)
-    fig.text(0.99, 0.005, machine_line, ha="right", va="bottom", fontsize=6, color="gray")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save(fig, path, machine_line)
     plt.close(fig)
     return bars  # the pairs drawn per layout and rank (millions), for the test
 

@@ -179,7 +179,7 @@ def main(args):
         return  # a rank other than 0, under torchrun
     print(f"{machine(args)} | MoE GPT width {SIZES['d']}, {SIZES['blocks']} blocks,"
           f" {SIZES['experts']} experts, top-{SIZES['top_k']}")
-    print(f"\nload: the busiest expert's pairs / the mean (1: even), first block")
+    print("\nload: the busiest expert's pairs / the mean (1: even), first block")
     print(tabulate([[r["ranks"], r["weight"], f"{load_ratio(r['loads'][:1], 1):.2f}",
                      f"{load_ratio(r['loads']):.2f}"] for r in rows if r["table"] == "load"],
                    headers=["ranks", "balancing weight", "step 1",
@@ -208,7 +208,7 @@ def main(args):
 
 def draw(rows, path, machine_line):
     """The load over the steps per balancing weight, and each expert's pairs (heat maps)."""
-    from ..tools.pictures import _pyplot
+    from ..tools.pictures import _pyplot, save
     plt = _pyplot()
     world_size = max(r["ranks"] for r in rows)
     loads = {r["weight"]: r["loads"] for r in rows if r["table"] == "load"
@@ -228,9 +228,7 @@ def draw(rows, path, machine_line):
         ax.set_ylabel("expert")
         ax.set_title(f"pairs per expert, balancing weight {weight}", fontsize=9)
         fig.colorbar(image, ax=ax)
-    fig.text(0.99, 0.005, machine_line, ha="right", va="bottom", fontsize=6, color="gray")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save(fig, path, machine_line)
     plt.close(fig)
     return {weight: [max(s) / (sum(s) / len(s)) for s in per_step]
             for weight, per_step in loads.items()}

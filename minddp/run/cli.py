@@ -169,10 +169,24 @@ def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=Fal
     return parser
 
 
+def run_flags(parser):
+    """The flags the mesh examples (gpt_nd.py, context.py, experts.py) share after their own:
+    --seed, --grad-table, --timeout, --backend, --device. Returns the parser."""
+    parser.add_argument("--seed", type=int, default=123,
+                        help="torch.manual_seed before the model")
+    parser.add_argument("--grad-table", metavar="PATH",
+                        help="record every rank's whole gradients")
+    parser.add_argument("--timeout", type=float, default=120, metavar="S",
+                        help="seconds a rank waits in a collective for its peers before failing")
+    parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    return parser
+
+
 # Flags that name a file the run writes, and flags that count something.
 OUTPUT_FLAGS = ("grad_table", "checkpoint", "timeline", "out")
 AT_LEAST_ONE = ("epochs", "factor", "accumulate", "microbatches", "global_batch",
-                "virtual_shards")
+                "virtual_shards", "steps", "batch", "dp", "tokens", "experts", "blocks")
 
 
 # Flags that each moved out of the lesson's examples into an example of their own.
@@ -210,7 +224,7 @@ def _checked(parser, argv):
                          hint="e.g. --timeout 120", same_on_every_rank=True)
     for name in AT_LEAST_ONE:
         value = getattr(args, name, None)
-        if value is not None and value < 1:
+        if isinstance(value, int) and value < 1:  # (gpt_nd.py's --dp is a word)
             flag = "--" + name.replace("_", "-")
             raise UsageError(f"{flag} {value}: must be 1 or more", hint=f"e.g. {flag} 1",
                              same_on_every_rank=True)

@@ -54,7 +54,8 @@ class GradTable:
             return
         grads = {}
         named = {**self.named, **dict(self.module.named_parameters())}  # now's, where listed
-        whole = _whole_gradients(self.module, named)
+        experts = _expert_gradients(self.module)  # expert parallel: each from its rank
+        whole = {**_whole_gradients(self.module, named), **experts}
         for name, p in named.items():
             if not p.requires_grad:
                 continue  # frozen: no gradient to compare
@@ -64,8 +65,8 @@ class GradTable:
             if g is None:
                 g = torch.full(p.shape, float("nan"))
             grads[name] = _to_numpy(g)
-        for name in (n for n in whole if n not in named):  # others' experts (ep.py): a
-            grads[name] = _to_numpy(whole[name])  # table made after expert_parallel
+        for name in (n for n in experts if n not in named):  # others' experts (ep.py): a
+            grads[name] = _to_numpy(experts[name])  # table made after expert_parallel
         if self.rank0_only and _rank() != 0:
             return
         self.rows.append((len(self.rows), epoch, grads))
@@ -146,7 +147,7 @@ def _whole_gradients(module, named):
     # minddp's tensor-parallel slices (tp.py) are gathered along the dimension they were cut.
     whole = {name: _gather_slices(g, *cuts[name]) if name in cuts and g is not None else g
              for name, g in whole.items()}
-    return {**whole, **_expert_gradients(module)}
+    return whole
 
 
 def _expert_gradients(module):

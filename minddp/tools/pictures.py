@@ -29,6 +29,13 @@ def require_matplotlib(flag="--png"):
                          hint='pip install -e ".[plot]"  (or: pip install matplotlib)') from None
 
 
+def save(fig, path, machine):
+    """The machine line in the corner, laid out, written to `path`, closed."""
+    fig.text(0.99, 0.005, machine, ha="right", va="bottom", fontsize=6, color="gray")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def _pyplot():
     import matplotlib
     matplotlib.use("Agg")  # files only: no window, no display needed
