@@ -1,0 +1,271 @@
+"""The grader's checks: each exercise's student code and stock's, on the same models and data.
+
+    minddp grade exercises/naive.py      # grade.py runs CHECKS[exercise] on every rank
+
+Every check runs on each rank (a collective), gathers what every rank saw, and returns the
+same results on each: [{"check", "passed", "where", "diagnosis"}]. The models start from
+each rank's own seed, so that a missing broadcast shows; every rank trains on its own batch.
+"""
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+# Stock's references, imported before any process group exists: importing
+# torch.distributed.optim after init_process_group keeps the group alive past its destroy.
+from torch.distributed.device_mesh import init_device_mesh as stock_mesh
+from torch.distributed.fsdp import fully_shard as stock_fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import parallel as stock_tp
+from torch.nn.parallel import DistributedDataParallel
+
+from ..bench.transformer import gpt
+from ..run.toy import NeuralNetwork
+from .diagnosis import compare, first_difference
+
+STEPS = 3
+
+
+def _np(t):
+    return None if t is None else t.detach().cpu().numpy().copy()
+
+
+def _whole(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _everyone(record):
+    """[every rank's record] on every rank."""
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, record)
+    return gathered
+
+
+def _runs(everyone, who):
+    """One implementation's run over all ranks, as diagnosis.compare() reads it."""
+    return {"start": [e[who]["start"] for e in everyone],
+            "grads": [[e[who]["grads"][s] for e in everyone] for s in range(STEPS)],
+            "weights": [[e[who]["weights"][s] for e in everyone] for s in range(STEPS)]}
+
+
+def _result(check, passed, where="", diagnosis=""):
+    return {"check": check, "passed": passed, "where": where, "diagnosis": diagnosis}
+
+
+def _ranks(world_size):
+    return f"{world_size} rank{'s' if world_size > 1 else ''}"
+
+
+def toy_batch(rank, step):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(4, 2, generator=g), torch.randint(0, 2, (4,), generator=g)
+
+
+def gpt_batch(rank, step):
+    tokens = torch.randint(0, 32, (2, 9), generator=torch.Generator().manual_seed(
+        100 * step + rank))
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def frozen_gpt():
+    model = gpt()  # a tied embedding and output layer
+    model[1].ln1.requires_grad_(False)  # a frozen layer: no gradient, no hook
+    return model
+
+
+def next_token(logits, y):
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+MODELS = [  # (label, build, optimizer, batch, loss)
+    ("the toy model, SGD", lambda: NeuralNetwork(num_inputs=2, num_outputs=2),
+     lambda ps: torch.optim.SGD(ps, lr=0.5), toy_batch, F.cross_entropy),
+    ("a GPT with a tied embedding and a frozen layer, AdamW", frozen_gpt,
+     lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False), gpt_batch, next_token),
+]
+
+
+def _train(wrapped, module, make_optimizer, batch, loss_fn, rank):
+    """STEPS steps: the weights before, each step's gradients and weights after."""
+    record = {"start": {n: _np(_whole(p)) for n, p in module.named_parameters()},
+              "grads": [], "weights": []}
+    optimizer = make_optimizer(wrapped.parameters())
+    for step in range(STEPS):
+        x, y = batch(rank, step)
+        optimizer.zero_grad()
+        loss_fn(wrapped(x), y).backward()
+        record["grads"].append({n: _np(None if p.grad is None else _whole(p.grad))
+                                for n, p in module.named_parameters()})
+        optimizer.step()
+        record["weights"].append({n: _np(_whole(p)) for n, p in module.named_parameters()})
+    return record
+
+
+def ddp(student, rank, world_size, cls_name, order_note):
+    """The student's DDP class against stock DDP: gradients every step, weights after."""
+    results = []
+    for label, build, make_optimizer, batch, loss_fn in MODELS:
+        torch.manual_seed(rank)  # each rank its own first weights: the broadcast must fix them
+        model = build()
+        stock_model = copy.deepcopy(model)
+        record = {
+            "stock": _train(DistributedDataParallel(stock_model), stock_model, make_optimizer,
+                            batch, loss_fn, rank),
+            "yours": _train(getattr(student, cls_name)(model), model, make_optimizer, batch,
+                            loss_fn, rank)}
+        everyone = _everyone(record)
+        results.append(_result(f"{_ranks(world_size)}, {label}", *compare(
+            _runs(everyone, "yours"), _runs(everyone, "stock"), world_size, order_note)))
+    return results
+
+
+def naive(student, rank, world_size):
+    return ddp(student, rank, world_size, "NaiveDDP", "stock adds each bucket's gradients,"
+               " pre-divided by the world size, with one all_reduce; one per parameter adds"
+               " 3 or more ranks' in another order")
+
+
+def bucketed(student, rank, world_size):
+    return ddp(student, rank, world_size, "BucketedDDP", "stock multiplies each gradient by"
+               " 1/world_size as it copies it into its bucket, then all_reduces the bucket")
+
+
+def zero(student, rank, world_size):
+    """ShardedOptimizer against ZeroRedundancyOptimizer: weights every step, state held."""
+    results = []
+    for label, build, _, batch, loss_fn in MODELS:
+        record = {}
+        for who in ("stock", "yours"):
+            torch.manual_seed(0)
+            model = DistributedDataParallel(build())
+            params = [p for p in model.parameters() if p.requires_grad]
+            optimizer = (student.ShardedOptimizer(params, torch.optim.AdamW, lr=1e-2)
+                         if who == "yours" else ZeroRedundancyOptimizer(
+                             params, optimizer_class=torch.optim.AdamW, lr=1e-2))
+            weights = []
+            for step in range(STEPS):
+                x, y = batch(rank, step)
+                optimizer.zero_grad()
+                loss_fn(model(x), y).backward()
+                optimizer.step()
+                weights.append({n: _np(p) for n, p in model.module.named_parameters()})
+            held = sorted(i for i, p in enumerate(params) if p in optimizer.optim.state)
+            record[who] = {"weights": weights, "held": held}
+        everyone = _everyone(record)
+        results.append(_result(f"{_ranks(world_size)}, {label}",
+                               *_zero_verdict(everyone, world_size)))
+    return results
+
+
+def _zero_verdict(everyone, world_size):
+    for step in range(STEPS):
+        for rank in range(world_size):
+            hit = first_difference(everyone[rank]["yours"]["weights"][step],
+                                   everyone[rank]["stock"]["weights"][step])
+            if hit is None:
+                continue
+            where = f"weights after step {step}, rank {rank}, {hit[0]}"
+            apart = [r for r in range(world_size) if first_difference(
+                everyone[r]["yours"]["weights"][step], everyone[0]["yours"]["weights"][step])]
+            if apart:
+                return (False, where, f"rank {apart[0]} holds other weights than rank 0: an"
+                        f" updated shard never reached it (broadcast each parameter from the"
+                        f" rank that owns it, after the step)")
+            return False, where, "every rank holds the same, but not stock's update: the step"
+    for rank in range(world_size):
+        yours, stock = everyone[rank]["yours"]["held"], everyone[rank]["stock"]["held"]
+        if yours != stock:
+            every = len(yours) == sum(1 for _ in everyone[rank]["yours"]["weights"][0])
+            return (False, f"rank {rank} keeps optimizer state for parameters {yours},"
+                           f" stock's rank {rank} for {stock}",
+                    "every rank keeps state for every parameter: its optimizer was given all"
+                    " of them, not its shard" if every and world_size > 1 else
+                    "the shards are not stock's: largest parameters first, each to the rank"
+                    " holding the fewest elements so far (the lowest rank on a tie)")
+    return True, "", ""
+
+
+def fsdp(student, rank, world_size):
+    """The student's fully_shard against stock's: whole gradients and weights, every step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 7),
+                                torch.nn.ReLU(), torch.nn.Linear(7, 2))  # rows: 5, 7, 2
+    stock = copy.deepcopy(model)
+    mesh = stock_mesh("cpu", (world_size,))
+    for layer in (0, 2, 4):
+        student.fully_shard(model[layer])
+        stock_fully_shard(stock[layer], mesh=mesh)
+    student.fully_shard(model)
+    stock_fully_shard(stock, mesh=mesh)
+
+    def batch(rank, step):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        return torch.randn(4, 3, generator=g), torch.randn(4, 2, generator=g)
+    adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False)  # noqa: E731
+    record = {"stock": _train(stock, stock, adamw, batch, F.mse_loss, rank),
+              "yours": _train(model, model, adamw, batch, F.mse_loss, rank)}
+    everyone = _everyone(record)
+    return [_result(f"{_ranks(world_size)}, an MLP whose rows no rank count divides, AdamW",
+                    *compare(_runs(everyone, "yours"), _runs(everyone, "stock"), world_size,
+                             "stock's reduce_scatter sums, then divides by the world size"))]
+
+
+class _MLP(torch.nn.Module):
+    """A replicated layer, then the column split (up) and the row split (down)."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.embed = torch.nn.Linear(d, 4 * d)
+        self.up, self.down = torch.nn.Linear(4 * d, 8 * d), torch.nn.Linear(8 * d, d)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(torch.tanh(self.embed(x)))))
+
+
+def tp(student, rank, world_size):
+    """The student's column and row splits against stock's parallelize_module: the output,
+    the input's gradient, every whole gradient and weight, every step."""
+    from ..mesh import init_device_mesh
+    from ..tp_plan import sliced
+    torch.manual_seed(0)
+    model = _MLP()
+    stock = copy.deepcopy(model)
+    student.parallelize_module(model, init_device_mesh("cpu", (world_size,)),
+                               {"up": student.ColwiseParallel(), "down": student.RowwiseParallel()})
+    stock_tp.parallelize_module(stock, stock_mesh("cpu", (world_size,)),
+                                {"up": stock_tp.ColwiseParallel(),
+                                 "down": stock_tp.RowwiseParallel()})
+    cuts = sliced(model)  # the student's slices: (dim, group) per parameter name
+
+    def whole(name, t, mine):
+        if t is None or not mine or name not in cuts:
+            return _np(_whole(t))
+        parts = [torch.empty_like(t) for _ in range(world_size)]
+        dist.all_gather(parts, t.detach().contiguous(), group=cuts[name][1])
+        return _np(torch.cat(parts, cuts[name][0]))
+    record = {}
+    for who, m in (("stock", stock), ("yours", model)):
+        optimizer = torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=False)
+        mine = who == "yours"
+        record[who] = {"start": {n: whole(n, p, mine) for n, p in m.named_parameters()},
+                       "grads": [], "weights": []}
+        for step in range(STEPS):
+            x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))  # the same
+            x.requires_grad_()  # on every rank: TP splits the layers, not the batch
+            optimizer.zero_grad()
+            out = m(x)
+            out.square().mean().backward()
+            grads = {n: whole(n, p.grad, mine) for n, p in m.named_parameters()}
+            record[who]["grads"].append({"(output)": _np(out), "(the input's gradient)":
+                                         _np(x.grad), **grads})
+            optimizer.step()
+            record[who]["weights"].append({n: whole(n, p, mine) for n, p in m.named_parameters()})
+    everyone = _everyone(record)
+    return [_result(f"{_ranks(world_size)}, a replicated layer, then up (column) and down"
+                    f" (row), AdamW", *compare(_runs(everyone, "yours"), _runs(everyone, "stock"),
+                                               world_size, "stock adds each rank's share of"
+                                               " the row split's bias before the sum"))]
+
+
+CHECKS = {"naive": naive, "bucketed": bucketed, "zero": zero, "fsdp": fsdp, "tp": tp}

@@ -1,0 +1,178 @@
+"""The grader's checks of the pieces that train nothing: the sampler, the broadcast, 1F1B's order.
+
+    minddp grade exercises/sampler.py        # grade.py runs CHECKS[exercise] on every rank
+
+Each check runs on every rank, gathers what every rank saw, and returns the same results on
+each: [{"check", "passed", "where", "diagnosis"}], the first difference and why.
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B  # before any group
+from torch.utils.data.distributed import DistributedSampler
+
+from .grade_checks import _everyone, _ranks, _result
+
+SIZES = (1, 5, 7, 10, 16, 17)  # dataset lengths: some every rank count divides, some none
+
+
+def sampler(student, rank, world_size):
+    """ShardSampler against DistributedSampler: every index, every epoch, every setting."""
+    results = []
+    for shuffle in (True, False):
+        for drop_last in (False, True):
+            seen = {}
+            for n in SIZES:
+                for seed in (0, 3):
+                    for who, cls in (("yours", student.ShardSampler), ("stock", DistributedSampler)):
+                        s = cls(range(n), num_replicas=world_size, rank=rank, shuffle=shuffle,
+                                seed=seed, drop_last=drop_last)
+                        for epoch in range(3):
+                            s.set_epoch(epoch)
+                            seen[who, n, seed, epoch] = list(s)
+            everyone = _everyone(seen)
+            label = f"{_ranks(world_size)}, shuffle={shuffle}, drop_last={drop_last}"
+            results.append(_result(label, *_sampler_verdict(everyone, world_size)))
+    return results
+
+
+def _sampler_verdict(everyone, world_size):
+    for n in SIZES:
+        for seed in (0, 3):
+            for epoch in range(3):
+                for rank in range(world_size):
+                    yours = everyone[rank]["yours", n, seed, epoch]
+                    stock = everyone[rank]["stock", n, seed, epoch]
+                    if yours == stock:
+                        continue
+                    at = next((i for i, (a, b) in enumerate(zip(yours, stock)) if a != b),
+                              min(len(yours), len(stock)))
+                    where = (f"{n} examples, seed {seed}, epoch {epoch}, rank {rank}, position"
+                             f" {at}: yours {yours[at:at + 3]}..., stock's {stock[at:at + 3]}...")
+                    return False, where, _sampler_why(everyone, world_size, n, seed, epoch, rank)
+    return True, "", ""
+
+
+def _sampler_why(everyone, world_size, n, seed, epoch, rank):
+    def all_ranks(who, e):
+        return [everyone[r][who, n, seed, e] for r in range(world_size)]
+    yours, stock = all_ranks("yours", epoch), all_ranks("stock", epoch)
+    if epoch and yours == all_ranks("yours", 0) and stock != all_ranks("stock", 0):
+        return ("the same order every epoch: seed the generator with seed + epoch (what"
+                " set_epoch is for)")
+    if len(yours[rank]) != len(stock[rank]):
+        return (f"rank {rank} gets {len(yours[rank])} indices, stock's {len(stock[rank])}:"
+                f" every rank must get as many (pad by cycling from the start, or with"
+                f" drop_last cut the tail), or a rank waits in a collective forever")
+    if sorted(sum(yours, [])) == sorted(sum(stock, [])):
+        return ("the same indices, dealt to other ranks: stock deals positions rank,"
+                " rank + num_replicas, rank + 2 * num_replicas, ... (not a block per rank)")
+    return ("other indices than stock's: the order (torch.randperm(n) with a generator seeded"
+            " seed + epoch; 0 .. n-1 without shuffle) or what pads it")
+
+
+def broadcast(student, rank, world_size):
+    """broadcast_parameters: each case's parameters and buffers against rank src's own."""
+    others = dist.new_group(list(range(1, world_size)))  # a group without global rank 0
+    cases = [("src=0", dict(src=0), None, list(range(world_size))),
+             (f"src={world_size - 1}", dict(src=world_size - 1), None, list(range(world_size))),
+             ("src=0, buffers=False", dict(src=0, buffers=False), None, list(range(world_size))),
+             (f"a group of ranks 1-{world_size - 1}, src=0 (global rank 1)",
+              dict(src=0, group=others), others, list(range(1, world_size)))]
+    results = []
+    for label, kwargs, group, members in cases:
+        torch.manual_seed(rank)  # every rank its own values
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+        model[1].running_mean.fill_(rank)
+        before = {n: t.clone() for n, t in model.state_dict().items()}
+        if rank in members:
+            student.broadcast_parameters(model, **kwargs)
+        after = {n: t.clone() for n, t in model.state_dict().items()}
+        everyone = _everyone((before, after))
+        src = members[kwargs["src"]]  # the group rank's global rank
+        verdict = _broadcast_verdict(everyone, members, src, kwargs.get("buffers", True),
+                                     dict(model.named_buffers()))
+        results.append(_result(f"{_ranks(world_size)}, {label}", *verdict))
+    return results
+
+
+def _broadcast_verdict(everyone, members, src, buffers, buffer_names):
+    for rank in members:
+        before, after = everyone[rank]
+        for name, value in after.items():
+            is_buffer = name in buffer_names
+            wanted = everyone[src][0][name] if buffers or not is_buffer else before[name]
+            if torch.equal(value, wanted):
+                continue
+            where = f"rank {rank}, {name}"
+            holder = next((r for r in range(len(everyone))
+                           if torch.equal(value, everyone[r][0][name])), None)
+            if is_buffer and not buffers:
+                return False, where, "a buffer was copied, though buffers=False"
+            if holder == rank:
+                return False, where, (f"rank {rank} still holds its own {name}: nothing was"
+                                      f" copied into it, in place (the optimizer holds these"
+                                      f" very tensors)" + (" (buffers count too)"
+                                                            if is_buffer else ""))
+            if holder is not None:
+                return False, where, (f"rank {rank} holds rank {holder}'s {name}, not rank"
+                                      f" {src}'s: src is a rank of the group; send it with its"
+                                      f" global rank (groups.global_rank)")
+            return False, where, f"rank {rank} holds values of {name} no rank had"
+    return True, "", ""
+
+
+def pp(student, rank, world_size):
+    """one_f_one_b's list against the order stock's Schedule1F1B runs each stage's actions."""
+    results = []
+    for n in (world_size, 2 * world_size + 1):
+        torch.manual_seed(0)
+        stage = PipelineStage(torch.nn.Linear(4, 4), rank, world_size, torch.device("cpu"))
+        log = []
+        for kind, method in (("F", "forward_one_chunk"), ("B", "backward_one_chunk")):
+            original = getattr(stage, method)
+            setattr(stage, method, lambda i, *a, _o=original, _k=kind, **k: (
+                log.append((_k, i)), _o(i, *a, **k))[1])
+        schedule = Schedule1F1B(stage, n, loss_fn=F.mse_loss)
+        x, y = torch.randn(2 * n, 4), torch.randn(2 * n, 4)
+        if rank == 0:
+            schedule.step(x) if world_size > 1 else schedule.step(x, target=y)
+        elif rank == world_size - 1:
+            schedule.step(target=y)
+        else:
+            schedule.step()
+        yours = [tuple(action) for action in student.one_f_one_b(rank, world_size, n)]
+        everyone = _everyone((yours, log))
+        results.append(_result(f"{_ranks(world_size)}, {n} microbatches",
+                               *_order_verdict(everyone, world_size)))
+    return results
+
+
+def _order_verdict(everyone, world_size):
+    for stage, (yours, stock) in enumerate(everyone):
+        if yours == stock:
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(yours, stock)) if a != b),
+                  min(len(yours), len(stock)))
+        where = (f"stage {stage}, action {at}: yours {_name(yours, at)}, stock's"
+                 f" {_name(stock, at)}")
+        warm = [next((i for i, a in enumerate(actions) if a[0] == "B"), len(actions))
+                for actions in (yours, stock)]
+        if warm[0] != warm[1]:
+            return False, where, (f"the warm-up: stock runs {warm[1]} forwards before stage"
+                                  f" {stage}'s first backward (num_stages - stage_index of"
+                                  f" them, at most n), yours {warm[0]}")
+        if sorted(yours) != sorted(stock):
+            return False, where, ("actions missing or repeated: every microbatch's F and B"
+                                  " once each")
+        return False, where, ("the same actions in another order: after the warm-up, one"
+                              " backward then one forward, in turn, the oldest first")
+    return True, "", ""
+
+
+def _name(actions, i):
+    return f"{actions[i][0]}{actions[i][1]}" if i < len(actions) else "(none)"
+
+
+CHECKS = {"sampler": sampler, "broadcast": broadcast, "pp": pp}
