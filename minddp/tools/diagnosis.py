@@ -106,7 +106,8 @@ def _why_gradients(ours_step, stock_step, step, world_size, name, order_note):
     a, b = mine[name], theirs[name]
     unit = np.finfo(a.dtype).eps * max(float(np.abs(b).max()), np.finfo(a.dtype).tiny)
     gap = float(np.abs(a.astype(np.float64) - b).max()) / unit
+    what = "value" if name.startswith("(") else "gradient"  # "(output)": not a parameter's
     if gap <= ROUNDING_UNITS:
         return (f"tiny: {gap:.1f} units of the last place, the size of a different summation"
-                f" order, not of a wrong gradient ({order_note})")
-    return f"{gap:.3g} units of the last place: a different gradient, not a different order"
+                f" order, not of a wrong {what} ({order_note})")
+    return f"{gap:.3g} units of the last place: a different {what}, not a different order"

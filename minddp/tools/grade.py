@@ -30,6 +30,7 @@ import traceback
 from ..usage_error import UsageError
 from .exercises import EXERCISES
 
+STARTING_S = 600  # the most a rank may take to import torch and join the group
 # (isend and irecv stay unwrapped: P2POp checks that its op IS dist.isend or dist.irecv)
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_single",
                "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
@@ -44,7 +45,8 @@ def parse(argv=None):
                         help="which exercise (default: the one whose names the file defines)")
     parser.add_argument("--ranks", nargs="+", type=int, help="world sizes to grade at")
     parser.add_argument("--timeout", type=float, default=60, metavar="S",
-                        help="seconds a world size may take before its ranks count as stuck")
+                        help="seconds the checks of a world size may take once its ranks have"
+                             " started, before they count as stuck")
     parser.add_argument("--json", action="store_true", help="one JSON report on stdout")
     return parser.parse_args(argv)
 
@@ -141,6 +143,7 @@ def _rank(rank, world_size, file, name, tmp):
         from .grade_pieces import CHECKS as PIECES
         dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank,
                                 world_size=world_size)
+        (out / f"rank{rank}.started").touch()  # the time limit counts from here: an import
         _record_collectives(out / f"rank{rank}.collectives", str(pathlib.Path(file).resolve()))
         student = load(pathlib.Path(file), EXERCISES[name].lesson)
         results = {**CHECKS, **PIECES}[name](student, rank, world_size)
@@ -160,9 +163,13 @@ def run_world(file, name, world_size, timeout):
     with tempfile.TemporaryDirectory() as tmp:
         context = mp.start_processes(_rank, args=(world_size, str(file), name, tmp),
                                      nprocs=world_size, start_method="spawn", join=False)
-        deadline = time.monotonic() + timeout
+        out, failed = pathlib.Path(tmp), False
+        deadline = time.monotonic() + STARTING_S  # (torch's import may take a while)
+        started = False
         while not all(p.exitcode is not None for p in context.processes):
             failed = any(p.exitcode not in (None, 0) for p in context.processes)
+            if not started and len(list(out.glob("rank*.started"))) == world_size:
+                started, deadline = True, time.monotonic() + timeout
             if failed or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -171,9 +178,12 @@ def run_world(file, name, world_size, timeout):
             if p.is_alive():
                 p.kill()
             p.join()
-        out = pathlib.Path(tmp)
         label = f"{world_size} rank{'s' if world_size > 1 else ''}"
-        errors = sorted(out.glob("rank*.error"))
+        # The first rank that raised in the student's file; a peer's error that follows it
+        # ("Connection closed by peer") only says that a rank went away.
+        mine = f'"{pathlib.Path(file).resolve()}"'
+        errors = sorted(out.glob("rank*.error"), key=lambda e: (
+            mine not in e.read_text(), e.stat().st_mtime))
         if errors:
             return [_exception(label, errors[0], file)]
         if stuck or not (out / "results.json").exists():

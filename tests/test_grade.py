@@ -1,0 +1,256 @@
+"""The exercises and the grader (minddp/tools/exercises.py, grade.py): planted mistakes, named.
+
+    pytest tests/test_grade.py
+
+On the shared 2-rank spawn, every exercise's checks run on the lesson file itself (every
+check passes), on the starting file `minddp exercise` writes (not written yet, named), and
+on at least three wrong solutions per exercise, each a small edit of the lesson: each must
+fail with its own diagnosis. Then `minddp grade` as a student runs it: the lesson passes
+and exits 0; a planted mistake exits 1 with its diagnosis, also as JSON; an exception is
+reported at its line in the student's file; a collective that never completes, with the
+collective each rank was in; a file or a flag the grader cannot use is one line, exit 2.
+"""
+
+import json
+import pathlib
+import re
+import sys
+import tempfile
+
+import pytest
+
+from helpers import REPO, run, share_spawn, shared_results
+from minddp.tools.exercises import EXERCISES, starting_file
+from minddp.tools.grade import load
+# (imported here, before the spawned ranks start their group: grade_checks imports
+# torch.distributed.optim, which imported after init_process_group keeps the group alive)
+from minddp.tools.grade_checks import CHECKS
+from minddp.tools.grade_pieces import CHECKS as PIECES
+
+# exercise -> [(mistake, lesson text, replaced by, what the diagnosis must say)]
+PLANTED = {
+    "sampler": [
+        ("set_epoch ignored", "g.manual_seed(self.seed + self.epoch)", "g.manual_seed(self.seed)",
+         "the same order every epoch"),
+        ("a block per rank", "return iter(order[self.rank::self.num_replicas])",
+         "return iter(order[self.rank * self.num_samples:][:self.num_samples])",
+         "the same indices, dealt to other ranks"),
+        ("no padding", "order = [order[i % n] for i in range(self.total_size)]",
+         "order = order[:self.total_size]", "every rank must get as many"),
+    ],
+    "broadcast": [
+        ("buffers skipped", "(list(module.named_buffers()) if buffers else [])", "[]",
+         "still holds its own 1.running_mean"),
+        ("always the last rank", "dist.broadcast(tensor, src=global_rank(group, src)",
+         "dist.broadcast(tensor, src=global_rank(group, dist.get_world_size(group) - 1)",
+         "holds rank 1's"),
+        ("not in place", "dist.broadcast(tensor, src", "dist.broadcast(tensor.clone(), src",
+         "nothing was copied into it, in place"),
+    ],
+    "naive": [
+        ("a sum, not a mean", "grad.mul_(1.0 / self.world_size)", "pass",
+         "2.000x stock's, every gradient: summed, not averaged"),
+        ("no all_reduce", "dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.process_group)",
+         "pass", "the average was skipped"),
+        ("no broadcast", "broadcast_parameters(module, src=0, group=process_group,"
+         " buffers=broadcast_buffers)", "pass", "ranks start from different weights"),
+        ("divided twice", "grad.mul_(1.0 / self.world_size)",
+         "grad.mul_(1.0 / self.world_size ** 2)", "0.500x stock's, every gradient: averaged"),
+    ],
+    "bucketed": [
+        ("not divided", "torch.mul(grad, 1.0 / self.world_size, out=view)", "view.copy_(grad)",
+         "summed, not averaged"),
+        ("averages not copied back", "self._copy_out_of_bucket(bucket, flat)", "pass",
+         "the average was skipped"),
+        ("divided twice", "torch.mul(grad, 1.0 / self.world_size, out=view)",
+         "torch.mul(grad, 1.0 / self.world_size ** 2, out=view)", "averaged twice"),
+    ],
+    "zero": [
+        ("no broadcast after the step", "works.append(dist.broadcast(p.data, src=src,"
+         " group=self.process_group,\n                                                async_op=True))",
+         "pass", "an updated shard never reached it"),
+        ("not sharded", "self.optim = optimizer_cls(self.partition[self.rank], **defaults)",
+         "self.optim = optimizer_cls(self.param_groups, **defaults)",
+         "every rank keeps state for every parameter"),
+        ("round robin", "rank = sizes.index(min(sizes))",
+         "rank = sum(map(len, mine)) % self.world_size", "the shards are not stock's"),
+    ],
+    "fsdp": [
+        ("a sum, not an average", "dist.ReduceOp.AVG", "dist.ReduceOp.SUM", "summed, not averaged"),
+        ("its own block left out", "piece[:block.numel()].copy_(block.reshape(-1))",
+         "piece[:block.numel()].zero_()", "a different gradient"),
+        ("no padding", "(0, 0, 0, p.rows * self.world_size - len(g))", "(0, 0, 0, 0)",
+         "an exception: RuntimeError"),
+    ],
+    "tp": [
+        ("the bias on every rank", "share = None if module.bias is None else ShareOfBias.apply(",
+         "share = module.bias if True else ShareOfBias.apply(", "a different value"),
+        ("the input's gradient not summed", "return copy_to_ranks(x, group)", "return x",
+         "rank 1's gradients differ from rank 0's"),
+        ("the outputs not summed", "return sum_over_ranks(partial, group)", "return partial",
+         "rank 1's gradients differ from rank 0's"),
+    ],
+    "pp": [
+        ("a warm-up one short", "warmup = min(n, num_stages - stage_index)",
+         "warmup = min(n, num_stages - stage_index - 1)", "the warm-up: stock runs"),
+        ("a warm-up one long", "warmup = min(n, num_stages - stage_index)",
+         "warmup = min(n, num_stages - stage_index + 1)", "the warm-up: stock runs"),
+        ("a backward short", "while backwards < n:", "while backwards < n - 1:",
+         "actions missing or repeated"),
+    ],
+}
+
+
+def _sources():
+    """{(exercise, what): source}: the lesson, the starting file, each planted mistake."""
+    sources = {}
+    for name, exercise in EXERCISES.items():
+        lesson = (REPO / "minddp" / f"{exercise.lesson}.py").read_text()
+        sources[name, "the lesson"] = lesson
+        sources[name, "the starting file"] = starting_file(name)
+        for mistake, old, new, _ in PLANTED[name]:
+            assert lesson.count(old) == 1, (name, mistake)  # the edit lands where meant
+            sources[name, mistake] = lesson.replace(old, new)
+    return sources
+
+
+def _grade(rank, world_size):
+    """Every source's checks at this world size: {(exercise, what): results}."""
+    graded = {}
+    with tempfile.TemporaryDirectory() as directory:  # this rank's own copies
+        for i, ((name, what), source) in enumerate(sorted(_sources().items())):
+            path = pathlib.Path(directory, f"{i}", f"{EXERCISES[name].lesson}.py")
+            path.parent.mkdir()
+            path.write_text(source)
+            try:  # every rank raises alike here (a planted mistake's, or a TODO's)
+                graded[name, what] = {**CHECKS, **PIECES}[name](
+                    load(path, EXERCISES[name].lesson), rank, world_size)
+            except Exception as error:
+                graded[name, what] = [{"passed": False, "diagnosis": f"an exception:"
+                                       f" {type(error).__name__}: {error}"}]
+    return graded
+
+
+share_spawn(_grade, [2])
+
+
+@pytest.mark.parametrize("name", list(EXERCISES))
+def test_every_lesson_passes_its_own_exercise(name):
+    for rank, graded in enumerate(shared_results(_grade, 2)):
+        results = graded[name, "the lesson"]
+        assert results and all(r["passed"] for r in results), (rank, results)
+
+
+@pytest.mark.parametrize("name", list(EXERCISES))
+def test_a_starting_file_is_not_written_yet(name):
+    for graded in shared_results(_grade, 2):
+        results = graded[name, "the starting file"]
+        assert not any(r["passed"] for r in results)
+        assert any("NotImplementedError: TODO: " in r["diagnosis"] for r in results), results
+
+
+@pytest.mark.parametrize("name,mistake,said", [(n, m, said) for n, cases in PLANTED.items()
+                                               for m, _, _, said in cases])
+def test_a_planted_mistake_is_named(name, mistake, said):
+    for rank, graded in enumerate(shared_results(_grade, 2)):
+        failed = [r for r in graded[name, mistake] if not r["passed"]]
+        assert failed, (rank, mistake, graded[name, mistake])
+        assert said in failed[0]["diagnosis"], (rank, failed[0])
+
+
+def _planted(tmp_path, name, mistake, folder="planted"):
+    """The lesson with one planted mistake, written as a student's file."""
+    lesson = EXERCISES[name].lesson
+    old, new = next((o, n) for m, o, n, _ in PLANTED[name] if m == mistake)
+    path = tmp_path / folder / f"{lesson}.py"
+    path.parent.mkdir()
+    path.write_text((REPO / "minddp" / f"{lesson}.py").read_text().replace(old, new))
+    return path
+
+
+def test_grading_a_lesson_as_a_student_does_passes_and_exits_0():
+    result = run([sys.executable, "-m", "minddp", "grade", "minddp/naive.py"])
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert result.stdout.splitlines()[0] == (
+        "minddp grade minddp/naive.py: exercise 'naive' (minddp/naive.py) against"
+        " torch.nn.parallel.DistributedDataParallel")
+    assert "  2 ranks, the toy model, SGD: passed" in result.stdout
+    assert result.stdout.splitlines()[-1] == "verdict: 4 of 4 checks passed: every one, bit for bit"
+
+
+def test_a_planted_mistake_exits_1_with_its_diagnosis_also_as_json(tmp_path):
+    path = _planted(tmp_path, "naive", "a sum, not a mean")
+    result = run([sys.executable, "-m", "minddp", "grade", str(path), "--ranks", "2", "--json"])
+    assert result.returncode == 1, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["exercise"] == "naive" and report["passed"] is False
+    first = report["checks"][0]
+    assert first["where"].startswith("step 0, rank 0, layers.0.weight, element (0, 0): yours")
+    assert first["diagnosis"] == ("2.000x stock's, every gradient: summed, not averaged: divide"
+                                  " by the world size, 2")
+
+
+def test_an_exception_is_reported_at_its_line_in_the_students_file(tmp_path):
+    # broadcast with src taken as a global rank: on a group without rank 0, torch refuses
+    path = tmp_path / "broadcast.py"
+    path.write_text((REPO / "minddp" / "broadcast.py").read_text().replace(
+        "dist.broadcast(tensor, src=global_rank(group, src)", "dist.broadcast(tensor, src=src"))
+    result = run([sys.executable, "-m", "minddp", "grade", str(path), "--ranks", "3"])
+    assert result.returncode == 1, result.stderr[-2000:]
+    line = path.read_text().splitlines().index(
+        "        dist.broadcast(tensor, src=src, group=group)") + 1
+    assert re.search(rf"      at:        rank [12], broadcast.py line {line}: dist.broadcast"
+                     r"\(tensor, src=src, group=group\)", result.stdout), result.stdout
+    assert "      diagnosis: an exception: ValueError: Global rank 0 is not part of group" \
+        in result.stdout, result.stdout
+
+
+def test_a_collective_that_never_completes_names_where_each_rank_waits(tmp_path):
+    path = tmp_path / "naive.py"
+    path.write_text((REPO / "minddp" / "naive.py").read_text().replace(
+        "        if self.world_size > 1:\n            # Blocking",
+        "        if self.world_size > 1 and dist.get_rank() == 1:  # rank 1 only\n"
+        "            # Blocking"))
+    result = run([sys.executable, "-m", "minddp", "grade", str(path), "--ranks", "2",
+                  "--timeout", "10"])
+    assert result.returncode == 1, result.stderr[-2000:]
+    line = path.read_text().splitlines().index(
+        "            dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.process_group)") + 1
+    assert f"rank 1 waits in all_reduce (naive.py line {line})" in result.stdout, result.stdout
+    assert "diagnosis: a collective that never completed within 10 s" in result.stdout
+
+
+def test_a_starting_file_written_by_minddp_exercise_is_graded_not_written_yet(tmp_path):
+    wrote = run([sys.executable, "-m", "minddp", "exercise", "pp", str(tmp_path)])
+    assert wrote.returncode == 0 and "wrote " in wrote.stdout, wrote.stderr
+    source = (tmp_path / "pp_schedules.py").read_text()
+    assert source.startswith("# minddp exercise 'pp': write each TODO below")
+    assert "warmup = " not in source and 'raise NotImplementedError("TODO: one_f_one_b")' in source
+    again = run([sys.executable, "-m", "minddp", "exercise", "pp", str(tmp_path)])
+    assert again.returncode == 2 and "exists: it would be overwritten" in again.stderr
+    graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "pp_schedules.py"),
+                  "--ranks", "2"])
+    assert graded.returncode == 1
+    assert "diagnosis: not written yet: one_f_one_b still raises NotImplementedError" in \
+        graded.stdout, graded.stdout
+
+
+@pytest.mark.parametrize("source, argv, said", [
+    (None, ["nowhere.py"], "error: nowhere.py: no such file"),
+    ("def f():\n    pass\n", [], "answers none of the exercises (by the names it defines)"),
+    ("class NaiveDDP:\n    pass\n", ["--exercise", "bucketed"],
+     "defines no BucketedDDP: exercise 'bucketed' asks for BucketedDDP"),
+    ((REPO / "minddp" / "naive.py").read_text().replace(
+        "def _average_gradient(self, param):", "def _average_gradient(self, param, extra):"),
+     [], "NaiveDDP._average_gradient(self, param, extra) does not take the lesson's arguments"),
+    ((REPO / "minddp" / "naive.py").read_text(), ["--ranks", "5"],
+     "--ranks 5: exercise 'naive' is checked at 1, 2, 3, 4 ranks"),
+])
+def test_what_the_grader_cannot_use_is_one_line(tmp_path, source, argv, said):
+    path = tmp_path / "naive.py"
+    if source is not None:
+        path.write_text(source)
+    file = [str(path)] if source is not None else []
+    result = run([sys.executable, "-m", "minddp", "grade", *file, *argv])
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert said in result.stderr.splitlines()[0], result.stderr
