@@ -25,7 +25,6 @@ from minddp.tools.grade import load
 # (imported here, before the spawned ranks start their group: grade_checks imports
 # torch.distributed.optim, which imported after init_process_group keeps the group alive)
 from minddp.tools.grade_checks import CHECKS
-from minddp.tools.grade_pieces import CHECKS as PIECES
 
 # exercise -> [(mistake, lesson text, replaced by, what the diagnosis must say)]
 PLANTED = {
@@ -123,7 +122,7 @@ def _grade(rank, world_size):
             path.parent.mkdir()
             path.write_text(source)
             try:  # every rank raises alike here (a planted mistake's, or a TODO's)
-                graded[name, what] = {**CHECKS, **PIECES}[name](
+                graded[name, what] = CHECKS[name](
                     load(path, EXERCISES[name].lesson), rank, world_size)
             except Exception as error:
                 graded[name, what] = [{"passed": False, "diagnosis": f"an exception:"
