@@ -83,7 +83,8 @@ PLANTED = {
     ],
     "tp": [
         ("the bias on every rank", "share = None if module.bias is None else ShareOfBias.apply(",
-         "share = module.bias if True else ShareOfBias.apply(", "a different value"),
+         "share = module.bias if True else ShareOfBias.apply(",
+         "the output holds the row split's bias 2 times"),
         ("the input's gradient not summed", "return copy_to_ranks(x, group)", "return x",
          "rank 1's gradients differ from rank 0's"),
         ("the outputs not summed", "return sum_over_ranks(partial, group)", "return partial",
@@ -171,7 +172,7 @@ def test_grading_a_lesson_as_a_student_does_passes_and_exits_0():
     result = run([sys.executable, "-m", "minddp", "grade", "minddp/naive.py"])
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     assert result.stdout.splitlines()[0] == (
-        "minddp grade minddp/naive.py: exercise 'naive' (minddp/naive.py) against"
+        "graded minddp/naive.py: exercise 'naive' (minddp/naive.py) against"
         " torch.nn.parallel.DistributedDataParallel")
     assert "  2 ranks, the toy model, SGD: passed" in result.stdout
     assert result.stdout.splitlines()[-1] == "verdict: 4 of 4 checks passed: every one, bit for bit"
@@ -253,3 +254,17 @@ def test_what_the_grader_cannot_use_is_one_line(tmp_path, source, argv, said):
     result = run([sys.executable, "-m", "minddp", "grade", *file, *argv])
     assert result.returncode == 2, result.stdout + result.stderr
     assert said in result.stderr.splitlines()[0], result.stderr
+
+
+def test_the_docs_show_what_the_grader_says():
+    # docs/grade.md: one planted mistake per exercise, as `minddp grade` printed it; every
+    # "at" and "diagnosis" line there is the one the grader gives now, check by check.
+    doc = (REPO / "docs" / "grade.md").read_text()
+    shown = {(n, m): body for n, m, body in re.findall(
+        r"^### (\w+): ([^\n]+)\n\n.*?```\n(.*?)```", doc, re.M | re.S)}
+    assert set(name for name, _ in shown) == set(EXERCISES), shown.keys()
+    graded = shared_results(_grade, 2)[0]
+    for (name, mistake), body in shown.items():
+        said = [f"      at:        {r['where']}\n      diagnosis: {r['diagnosis']}"
+                for r in graded[name, mistake] if not r["passed"]]
+        assert said and all(s in body for s in said), (name, mistake, said)

@@ -102,7 +102,7 @@ def load_lesson(name):
 def report(file, name, results):
     """The text report: a line per check, its difference and diagnosis, and the verdict."""
     exercise = EXERCISES[name]
-    lines = [f"minddp grade {file}: exercise {name!r} (minddp/{exercise.lesson}.py) against"
+    lines = [f"graded {file}: exercise {name!r} (minddp/{exercise.lesson}.py) against"
              f" {exercise.against}"]
     for r in results:
         lines.append(f"  {r['check']}: {'passed' if r['passed'] else 'FAILED'}"

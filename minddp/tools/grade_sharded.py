@@ -23,7 +23,7 @@ from .grade_checks import (MODELS, STEPS, _everyone, _np, _ranks, _result, _runs
 def zero(student, rank, world_size):
     """ShardedOptimizer against ZeroRedundancyOptimizer: weights every step, state held."""
     results = []
-    for label, build, _, batch, loss_fn in MODELS:
+    for label, build, _, _, batch, loss_fn in MODELS:
         record = {}
         for who in ("stock", "yours"):
             torch.manual_seed(0)
@@ -40,9 +40,9 @@ def zero(student, rank, world_size):
                 optimizer.step()
                 weights.append({n: _np(p) for n, p in model.module.named_parameters()})
             held = sorted(i for i, p in enumerate(params) if p in optimizer.optim.state)
-            record[who] = {"weights": weights, "held": held}
+            record[who] = {"weights": weights, "held": held, "given": len(params)}
         everyone = _everyone(record)
-        results.append(_result(f"{_ranks(world_size)}, {label}",
+        results.append(_result(f"{_ranks(world_size)}, {label}, AdamW over the shards",
                                *_zero_verdict(everyone, world_size)))
     return results
 
@@ -65,7 +65,7 @@ def _zero_verdict(everyone, world_size):
     for rank in range(world_size):
         yours, stock = everyone[rank]["yours"]["held"], everyone[rank]["stock"]["held"]
         if yours != stock:
-            every = len(yours) == sum(1 for _ in everyone[rank]["yours"]["weights"][0])
+            every = len(yours) == everyone[rank]["yours"]["given"]
             return (False, f"rank {rank} keeps optimizer state for parameters {yours},"
                            f" stock's rank {rank} for {stock}",
                     "every rank keeps state for every parameter: its optimizer was given all"
