@@ -176,6 +176,14 @@ def printed_by_main(script, env, argv, world_size):
             if not line.startswith("gradient table:")]
 
 
+def assert_identical_tables(a, b, world_size, steps=3):
+    """`minddp diff a b` must say IDENTICAL, for tables of `world_size` ranks and `steps`."""
+    verdict = run([sys.executable, "-m", "minddp", "diff", str(a), str(b)])
+    assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, \
+        verdict.stdout + verdict.stderr
+    assert f"world size {world_size}, {steps} steps" in verdict.stdout, verdict.stdout
+
+
 TAG = "MINDDP_TEST_TAG"  # every process a test starts carries it, workers too
 
 

@@ -66,8 +66,8 @@ PLANTED = {
     ],
     "zero": [
         ("no broadcast after the step", "works.append(dist.broadcast(p.data, src=src,"
-         " group=self.process_group,\n                                                async_op=True))",
-         "pass", "an updated shard never reached it"),
+         " group=self.process_group,\n" + " " * 48 + "async_op=True))", "pass",
+         "an updated shard never reached it"),
         ("not sharded", "self.optim = optimizer_cls(self.partition[self.rank], **defaults)",
          "self.optim = optimizer_cls(self.param_groups, **defaults)",
          "every rank keeps state for every parameter"),
@@ -268,3 +268,35 @@ def test_the_docs_show_what_the_grader_says():
         said = [f"      at:        {r['where']}\n      diagnosis: {r['diagnosis']}"
                 for r in graded[name, mistake] if not r["passed"]]
         assert said and all(s in body for s in said), (name, mistake, said)
+
+
+def _run(grads, weights=None, start=None):
+    """A run as diagnosis.compare() reads it: one step, 2 ranks, one parameter 'w'."""
+    import numpy as np
+    grads = [{"w": None if g is None else np.array(g, dtype=np.float32)} for g in grads]
+    weights = weights or [[0.0, 0.0]] * 2
+    start = start or [[1.0, 1.0]] * 2
+    return {"start": [{"w": np.array(s, dtype=np.float32)} for s in start], "grads": [grads],
+            "weights": [[{"w": np.array(w, dtype=np.float32)} for w in weights]]}
+
+
+@pytest.mark.parametrize("ours, stock, said", [
+    (_run([[1.0, 2.0]] * 2), _run([[1.0, 2.0]] * 2), ""),
+    (_run([[1.0, 2.0]] * 2, start=[[1.0, 1.0], [5.0, 1.0]]), _run([[1.0, 2.0]] * 2),
+     "ranks start from different weights"),
+    (_run([None, None]), _run([[1.0, 2.0]] * 2), "no gradient: its hook never ran"),
+    (_run([[1.0, 2.0]] * 2), _run([None, None]), "a gradient where stock has none"),
+    (_run([[1.0, 2.0], [3.0, 2.0]]), _run([[2.0, 2.0]] * 2), "rank 1's gradients differ"),
+    (_run([[2.0, 4.0]] * 2), _run([[1.0, 2.0]] * 2), "2.000x stock's, every gradient: summed"),
+    (_run([[0.5, 1.0]] * 2), _run([[1.0, 2.0]] * 2), "0.500x stock's, every gradient: averaged"),
+    (_run([[3.0, 6.0]] * 2), _run([[1.0, 2.0]] * 2), "3.000x stock's, every gradient: a loss"),
+    (_run([[1.0, float.fromhex("0x1.000002p+1")]] * 2), _run([[1.0, 2.0]] * 2),
+     "tiny: 1.0 units of the last place, the size of a different summation order"),
+    (_run([[1.0, 2.5]] * 2), _run([[1.0, 2.0]] * 2), "a different gradient, not a different"),
+    (_run([[1.0, 2.0]] * 2, weights=[[0.5, 0.0]] * 2), _run([[1.0, 2.0]] * 2),
+     "every gradient equal to stock's, the weights parting"),
+])
+def test_each_diagnosis_from_its_numbers(ours, stock, said):
+    from minddp.tools.diagnosis import compare
+    passed, where, diagnosis = compare(ours, stock, 2)
+    assert passed == (said == "") and said in diagnosis, (where, diagnosis)

@@ -56,11 +56,10 @@ def compare(ours, stock, world_size, order_note="stock's order"):
             mine, theirs = ours_step[rank], stock_step[rank]
             for name in mine:
                 if (mine[name] is None) != (theirs[name] is None):
-                    what = "no gradient" if mine[name] is None else "a gradient where stock has none"
                     return (False, f"step {step}, rank {rank}, {name}",
-                            f"{what}: its hook never ran or its gradient was dropped"
-                            if mine[name] is None else
-                            f"{what} (a frozen or unused parameter must keep .grad None)")
+                            "no gradient: its hook never ran or its gradient was dropped"
+                            if mine[name] is None else "a gradient where stock has none (a"
+                            " frozen or unused parameter must keep .grad None)")
             hit = first_difference(mine, theirs)
             if hit is None:
                 continue

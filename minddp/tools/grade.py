@@ -1,4 +1,4 @@
-"""`minddp grade FILE`: a student's lesson file beside stock PyTorch, bit for bit, and what is wrong.
+"""`minddp grade FILE`: a student's lesson file beside stock PyTorch, bit for bit, and what's off.
 
     minddp exercise naive exercises/                  # a starting file (exercises.py)
     minddp grade exercises/naive.py                   # at the exercise's world sizes

@@ -25,7 +25,8 @@ def sampler(student, rank, world_size):
             seen = {}
             for n in SIZES:
                 for seed in (0, 3):
-                    for who, cls in (("yours", student.ShardSampler), ("stock", DistributedSampler)):
+                    for who, cls in (("yours", student.ShardSampler),
+                                     ("stock", DistributedSampler)):
                         s = cls(range(n), num_replicas=world_size, rank=rank, shuffle=shuffle,
                                 seed=seed, drop_last=drop_last)
                         for epoch in range(3):
