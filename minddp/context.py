@@ -27,7 +27,7 @@ the same parts in the same order: _templated_ring_attention and its backward.
 import torch
 import torch.distributed as dist
 
-from .blockwise import KERNELS, merge
+from .blockwise import KERNELS, default_kernel, merge
 from .ring import pass_on
 from .usage_error import UsageError
 
@@ -136,12 +136,13 @@ class _RingAttention(torch.autograd.Function):
         return *grads, None, None, None, None, None
 
 
-def ring_attention(q, k, v, group=None, is_causal=False, zigzag=False, kernel="fused",
+def ring_attention(q, k, v, group=None, is_causal=False, zigzag=False, kernel=None,
                    scale=None):
     """Attention of this rank's part of the sequence against all of it: differentiable.
 
     Collective: call on every rank. q, k, v: this rank's (batch, heads, tokens, head_dim)
-    parts of the sequence `group` holds; zigzag: the parts are chunk_ids' chunks."""
+    parts of the sequence `group` holds; zigzag: the parts are chunk_ids' chunks; kernel:
+    blockwise.KERNELS' (None: the fused one on CPU, by hand elsewhere)."""
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
         raise UsageError(f"ring attention takes q, k, v of one shape (batch, heads, tokens,"
                          f" head_dim), got {[tuple(t.shape) for t in (q, k, v)]}",
@@ -151,4 +152,5 @@ def ring_attention(q, k, v, group=None, is_causal=False, zigzag=False, kernel="f
         raise UsageError(f"zig-zag holds two chunks per rank, but this rank has {q.shape[2]}"
                          f" tokens", hint="a sequence that 2 x ranks divides",
                          same_on_every_rank=True)
+    kernel = default_kernel(q.device) if kernel is None else kernel
     return _RingAttention.apply(q, k, v, group, is_causal, zigzag, kernel, scale)

@@ -30,7 +30,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .blockwise import default_kernel
 from .context import chunk_ids, ring_attention
 from .usage_error import UsageError
 
@@ -92,7 +91,6 @@ def ring_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                              f" is_causal or no mask, without dropout, with k and v's heads"
                              f" equal to q's", hint="is_causal=True instead of a causal mask;"
                              " repeat k and v's heads for grouped queries", same_on_every_rank=True)
-    kernel = default_kernel(query.device) if kernel is None else kernel
     return ring_attention(query, key, value, group, is_causal, zigzag, kernel, scale)
 
 
