@@ -87,6 +87,10 @@ def shard_gradients(model, loss_fn, features, labels, shards_here):
     rows = params[0].new_empty(shards_here, sum(p.numel() for p in params))
     losses = []
     for row, x, y in zip(rows, features.chunk(shards_here), labels.chunk(shards_here)):
+        # A copy, not the view: a view starts wherever the shard sits in this rank's batch, and
+        # on some CPUs a matmul's bits depend on where its input starts in memory. A fresh
+        # tensor starts aligned, so the shard's gradient is the same at every world size.
+        x, y = x.clone(), y.clone()
         loss = loss_fn(model(x), y)
         grads = torch.autograd.grad(loss, params)
         torch.cat([g.reshape(-1) for g in grads], out=row)  # flat, straight into its row

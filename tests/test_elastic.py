@@ -55,14 +55,17 @@ from minddp.elastic import (ElasticBatchSampler, check_world, ordered_average, r
 from minddp.run.sharded_checkpoint import OPTIONS, latest, load_sharded, save_sharded
 
 G, N, STEPS = 12, 12, 4  # global batch, virtual shards, steps (the checkpoint after step 2)
-X = torch.linspace(-2, 2, 4 * G * STEPS).reshape(G * STEPS, 4).sin()
+# 5 features: a sample is 20 bytes, so most shards start off a 64-byte boundary in every
+# rank's batch, at another offset at every world size (a view's offset can change CPU bits).
+FEATURES = 5
+X = torch.linspace(-2, 2, FEATURES * G * STEPS).reshape(G * STEPS, FEATURES).sin()
 Y = (X.sum(1) > 0).long() + (X[:, 0] > 0.5).long()
 MODES = ["ddp", "zero", "stock_zero", "fsdp", "stock_fsdp"]
 
 
 def _model(seed, mode, group):
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(4, 10), nn.ReLU(), nn.Linear(10, 3))  # 10 rows: uneven shards
+    model = nn.Sequential(nn.Linear(FEATURES, 10), nn.ReLU(), nn.Linear(10, 3))  # 10 rows: uneven
     if mode == "fsdp":
         for layer in (model[0], model[2]):
             minddp.fully_shard(layer, process_group=group)
@@ -285,6 +288,26 @@ def test_fsdp_checkpoints_open_in_stock_fully_shard_and_back():
         assert results[rank]["interop"]["fsdp", "stock_fsdp"] == []
     for rank in range(3):
         assert results[rank]["interop"]["stock_fsdp", "fsdp"] == []
+
+
+def test_each_shard_s_gradient_is_computed_on_a_tensor_of_its_own():
+    """The model sees every shard as a fresh tensor (offset 0, a 64-byte aligned start), never
+    as a view into the rank's batch, and the rows equal each shard's gradient on a copy."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(FEATURES, 14), nn.Tanh(), nn.Linear(14, 3))
+    seen = []
+    model[0].register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    x, y = X[1:1 + G], Y[1:1 + G]  # a batch that itself starts off a boundary
+    rows, losses = shard_gradients(model, F.cross_entropy, x, y, 6)
+    assert len(seen) == 6
+    for shard, copy in zip(seen, x.chunk(6)):
+        assert shard.storage_offset() == 0 and shard.data_ptr() % 64 == 0
+        assert shard.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        assert torch.equal(shard, copy)
+    for row, xs, ys in zip(rows, x.chunk(6), y.chunk(6)):
+        grads = torch.autograd.grad(F.cross_entropy(model(xs.clone()), ys.clone()),
+                                    list(model.parameters()))
+        assert torch.equal(row, torch.cat([g.reshape(-1) for g in grads]))
 
 
 def test_the_samples_of_a_step_do_not_depend_on_the_world_size():
