@@ -23,6 +23,7 @@ RowwiseParallel(output_layouts=Shard(1)) (tp.py).
 
 import weakref
 
+import torch
 import torch.distributed as dist
 
 from .tp_ops import COLLECTIVES, gather_sequence, sequence_dim
@@ -46,23 +47,52 @@ class SequenceParallel:
         module.register_forward_pre_hook(lambda m, args: _sum_gradients(m, group, hooked))
 
 
+# Wrappers that move the sum over tp where stock's move it (dropin/sp_order.py):
+# module -> make_hook(param, group), used in place of _LocalSum below.
+SUM_HOOKS = weakref.WeakKeyDictionary()
+
+
 def _sum_gradients(module, group, hooked):
-    # Stock leaves this gradient Partial (a DTensor) and sums it when it is read (by the
-    # optimizer, or by fully_shard before it reduces over its own ranks); summed here, in
-    # backward, it is the same all_reduce of the same parts. The hook goes on the tensors
-    # the module holds *at forward time*: a wrapper applied after this one (fully_shard)
-    # swaps in parameters of its own, and a hook on the replaced tensor would never fire.
+    # The hook goes on the tensors the module holds *at forward time*: a wrapper applied
+    # after this one (fully_shard) swaps in parameters of its own, and a hook on the replaced
+    # tensor would never fire.
     hooked[:] = [ref for ref in hooked if ref() is not None]
     for param in module.parameters():
         if param.requires_grad and not any(ref() is param for ref in hooked):
             hooked.append(weakref.ref(param))
-            param.register_hook(lambda grad: _summed(grad, group))
+            make_hook = SUM_HOOKS.get(module, _LocalSum)
+            param.register_hook(make_hook(param, group))
 
 
-def _summed(grad, group):
+def summed(grad, group):
+    """Collective over tp: a copy of grad, summed over the group's ranks."""
     grad = grad.clone()
     dist.all_reduce(grad, group=group)
     return grad
+
+
+class _LocalSum:
+    """This rank's own gradient of one weight, its microbatches added, then summed over tp.
+
+    Stock keeps this gradient Partial (a DTensor): each rank adds its microbatches' parts,
+    and the sum over tp happens once, when the gradient is read (by the optimizer, or by
+    fully_shard before it reduces over dp). Adding per-microbatch sums instead rounds
+    otherwise. So each backward adds this rank's part to its own running sum and sets .grad
+    to that sum summed over tp: the gradient stock reads, whenever it is read."""
+
+    def __init__(self, param, group):
+        self.param, self.group = weakref.ref(param), group
+        self.local = self.given = None  # this rank's sum so far; the .grad it became
+
+    def __call__(self, grad):
+        param = self.param()
+        if param.grad is None or self.given is None or not torch.equal(param.grad, self.given):
+            self.local = grad.clone()  # a new step: zero_grad() emptied .grad (or zeroed it)
+        else:
+            self.local = self.local + grad  # another microbatch, as stock's Partial adds it
+        self.given = summed(self.local, self.group)
+        param.grad = None  # autograd then stores the whole sum as .grad, not added to the old
+        return self.given
 
 
 class PrepareModuleInput:

@@ -11,6 +11,7 @@ After each of 3 AdamW steps the loss, every gradient (this rank's part, as stock
 and every weight must be torch.equal on every rank.
 """
 
+import contextlib
 import copy
 import itertools
 import math
@@ -113,13 +114,27 @@ def _fsdp(who, model, mesh):
     return shard(model, mesh=mesh["dp"])
 
 
-# name: (tp plan, the data-parallel wrapper, each tp rank its slice of the sequence)
-COMPOSITIONS = {"ddp x tp": (TP_PLAN, _ddp, False), "fsdp x tp+sp": (SP_PLAN, _fsdp, True)}
+def _no_sync(model, sync):
+    """This microbatch's backward without the gradients' sync (accumulation), in each
+    wrapper's own words: DDP's no_sync(), fully_shard's set_requires_gradient_sync."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+    return contextlib.nullcontext() if sync else model.no_sync()
+
+
+# name: (tp plan, the data-parallel wrapper, each tp rank its slice of the sequence,
+#        microbatches per step: all but the last without the gradients' sync)
+COMPOSITIONS = {"ddp x tp": (TP_PLAN, _ddp, False, 1), "fsdp x tp+sp": (SP_PLAN, _fsdp, True, 1),
+                "ddp x tp+sp, 2 microbatches": (SP_PLAN, _ddp, True, 2),
+                "fsdp x tp+sp, 2 microbatches": (SP_PLAN, _fsdp, True, 2)}
 
 
 def _composition(rank, world_size, name, steps=3):
-    """A data-parallel wrapper over dp of TP over tp: parallelize_module first, as torchtitan."""
-    plan, wrap, sequence = COMPOSITIONS[name]
+    """A data-parallel wrapper over dp of TP over tp: parallelize_module first, as torchtitan.
+    Accumulating over microbatches, SP's LayerNorm gradients are each rank's sum of its
+    microbatches, then summed over tp once (stock keeps them Partial until they are read)."""
+    plan, wrap, sequence, microbatches = COMPOSITIONS[name]
     torch.manual_seed(0)
     base = torch.nn.Sequential(Block(), Block())
     models, optimizers, named = {}, {}, {}
@@ -139,14 +154,20 @@ def _composition(rank, world_size, name, steps=3):
     verdicts = []
     for step in range(steps):
         # each dp rank its own batch; the tp ranks of one dp rank share it
-        x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(100 * step + dp_rank))
+        xs = [torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(
+            100 * step + 10 * micro + dp_rank)) for micro in range(microbatches)]
         if sequence:
-            x = x.chunk(2, 1)[tp_rank].contiguous()
+            xs = [x.chunk(2, 1)[tp_rank].contiguous() for x in xs]
         seen = {}
         for who, model in models.items():
             optimizers[who].zero_grad()
-            loss = (model(x) ** 2).mean()
-            loss.backward()
+            losses = []
+            for micro, x in enumerate(xs):
+                with _no_sync(model, micro == microbatches - 1):
+                    loss = (model(x) ** 2).mean()
+                    loss.backward()
+                losses.append(loss.detach())
+            loss = torch.stack(losses)
             grads = {n: _local(p.grad) for n, p in named[who].items()}
             optimizers[who].step()
             weights = {n: _local(p).detach().clone() for n, p in named[who].items()}
@@ -166,7 +187,8 @@ def _pipelines(base, shape, names, parallelize, schedule, n_microbatches):
         pp_rank = mesh.get_local_rank("pp")
         stage_module = copy.deepcopy(minddp.pp.stage_layers(base, pp_rank, 2))
         parallelize(who, stage_module, mesh)
-        shard(stage_module, mesh=mesh["dp"])
+        if "dp" in names:
+            shard(stage_module, mesh=mesh["dp"])
         stage = pipelining.PipelineStage(stage_module, pp_rank, 2, torch.device("cpu"),
                                          group=mesh["pp"].get_group())
         schedules[who] = getattr(pipelining, schedule)(stage, n_microbatches,
@@ -176,13 +198,19 @@ def _pipelines(base, shape, names, parallelize, schedule, n_microbatches):
     return schedules, models, optimizers, mesh
 
 
-def _train_pipelines(built, batch_shapes, steps=3):
+def _train_pipelines(built, batch_shapes, steps=3, sequence=False):
+    """sequence: each tp rank its slice of the sequence (dim 1) of the batch and targets."""
     schedules, models, optimizers, mesh = built
-    pp_rank, dp_rank = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+    names = mesh.mesh_dim_names
+    pp_rank = mesh.get_local_rank("pp")
+    dp_rank = mesh.get_local_rank("dp") if "dp" in names else 0
     verdicts = []
     for step in range(steps):
         g = torch.Generator().manual_seed(100 * step + dp_rank)  # each dp rank its own batch
         x, y = (torch.randn(*shape, generator=g) for shape in batch_shapes)
+        if sequence:
+            tp_rank = mesh.get_local_rank("tp")
+            x, y = (t.chunk(2, 1)[tp_rank].contiguous() for t in (x, y))
         seen = {}
         for who, schedule in schedules.items():
             optimizers[who].zero_grad()
@@ -217,7 +245,7 @@ def _pp_x_fsdp(rank, world_size):
     return _train_pipelines(built, [(8, 8), (8, 4)])
 
 
-CASES = [*COMPOSITIONS, "pp x fsdp"]
+CASES = [*COMPOSITIONS, "pp x fsdp", "1f1b x tp+sp, 4 microbatches"]
 
 
 def _pp_x_fsdp_x_tp(rank, world_size):
@@ -236,6 +264,20 @@ def _pp_x_fsdp_x_tp(rank, world_size):
     return _train_pipelines(built, [(4, 8, 16), (4, 8, 16)])
 
 
+def _pp_x_sp(rank, world_size):
+    """1F1B over pp, TP with sequence parallel over tp, 4 microbatches, 5 steps: the LayerNorms'
+    gradients are each rank's sum over the microbatches, then summed over tp once."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(*(Block() for _ in range(4)))
+
+    def parallelize(who, stage_module, mesh):
+        for block in stage_module:
+            PARALLELIZE[who](block, mesh["tp"], _plan(who, SP_PLAN))
+
+    built = _pipelines(base, (2, 2), ("pp", "tp"), parallelize, "Schedule1F1B", 4)
+    return _train_pipelines(built, [(8, 8, 16), (8, 8, 16)], steps=5, sequence=True)
+
+
 def _differ(seen):
     """The first three differences between stock's (loss, grads, weights) and minddp's."""
     (l_s, g_s, w_s), (l_m, g_m, w_m) = seen["stock"], seen["minddp"]
@@ -249,8 +291,10 @@ def _differ(seen):
 
 
 def _four(rank, world_size):
-    cases = {name: _composition(rank, world_size, name) for name in COMPOSITIONS}
+    cases = {name: _composition(rank, world_size, name, steps=3 if "micro" not in name else 5)
+             for name in COMPOSITIONS}
     cases["pp x fsdp"] = _pp_x_fsdp(rank, world_size)
+    cases["1f1b x tp+sp, 4 microbatches"] = _pp_x_sp(rank, world_size)
     return {"groups": _groups(rank, world_size), **cases}
 
 
@@ -280,7 +324,7 @@ def test_pp_x_fsdp_x_tp_on_a_3d_mesh_is_bitwise_stocks():
 @pytest.mark.parametrize("name", CASES)
 def test_a_composition_on_a_2d_mesh_is_bitwise_stocks(name):
     for rank, result in enumerate(shared_results(_four, 4)):
-        assert result[name] == ["equal"] * 3, f"{name}, rank {rank}"
+        assert result[name] == ["equal"] * (5 if "micro" in name else 3), f"{name}, rank {rank}"
 
 
 def test_grid_groups_are_lines_through_the_grid():

@@ -23,6 +23,7 @@ from .comm_hooks import hook_result
 from .join import JoinableDDP, join_forward
 from .unused import unused_parameters
 from ..grad_hooks import weakly
+from .sp_order import sum_each_backward
 
 
 class ManualDDP(BucketedDDP, JoinableDDP):
@@ -67,6 +68,7 @@ class ManualDDP(BucketedDDP, JoinableDDP):
         self._sparse = {i for i, p in enumerate(trained) if expects_sparse_gradient(module, p)}
         # device_mesh: a 1-D mesh, the dp slice of a larger one (mesh.py); its group is ours
         process_group = group_of(process_group, device_mesh)
+        sum_each_backward(module)  # sequence parallel's LayerNorms sum over tp as under stock's
         super().__init__(module, check_stock_arguments(module, device_ids, output_device),
                          at_init, init_sync, process_group, bucket_cap_mb)
         self.broadcast_buffers = (at_init if forward_sync_buffers is None

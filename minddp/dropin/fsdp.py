@@ -36,6 +36,7 @@ from ..broadcast import check_same_model
 from .fsdp_checks import mark_replaced, refuse_stale_optimizers, refuse_stock_only, replaced_by
 from .fsdp_module import FSDPModule, as_fsdp_module
 from .fsdp_prefetch import prefetch, wait_for_prefetches
+from .sp_order import leave_partial, summed_if_partial
 
 # torch 2.13 names the collectives all_gather_single and reduce_scatter_single, as the
 # lesson calls them; older releases have the same functions under their earlier names.
@@ -70,6 +71,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, mp_policy=None
                          hint="call fully_shard once per module", same_on_every_rank=True)
     refuse_stale_optimizers()
     group = mesh.get_group() if mesh is not None else process_group
+    leave_partial(module)  # sequence parallel's gradients: summed over tp at the reduce
     attach_unit(module, Unit(module, reshard_after_forward, mp_policy or MixedPrecisionPolicy(),
                              group))
     return as_fsdp_module(module)
@@ -203,6 +205,7 @@ class Unit(fsdp.Unit):
         for i, p in enumerate(params):  # the backwards without sync, summed in
             if getattr(p, "accumulated", None) is not None:
                 grads[i], p.accumulated = p.accumulated.add_(grads[i]), None
+            grads[i] = summed_if_partial(p.full, grads[i])  # sequence parallel's, over tp
         blocks = super().reduce_scatter(params, grads)
         return [block.to(p.shard.dtype) for p, block in zip(params, blocks)]
 
