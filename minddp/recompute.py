@@ -8,7 +8,7 @@ transformer block they dwarf the weights. Recomputation (activation checkpointin
 only the block's inputs and runs the block's forward a second time, in backward, to get the
 saved tensors back just before they are needed: memory for compute. In the order below:
   checkpoint   full recomputation, with saved-tensor hooks: in forward each tensor an op
-               would save is replaced by its number; the first time backward asks for one,
+               would save is replaced by its number; the first time a backward asks for one,
                the block runs again (the RNG state put back, so dropout draws the same mask;
                the autocast state put back, so the same ops run in the same precision), its
                saved tensors are collected in the same order, and each number answered
@@ -16,8 +16,7 @@ saved tensors back just before they are needed: memory for compute. In the order
                (the matmuls and attention: the costly ones to redo) are kept; in the second
                forward those ops return their kept outputs instead: only the cheap ops
                (pointwise: GELU, dropout, adds) are recomputed
-  checkpoint_module   a module's forward under checkpoint, in place (a block, before
-               fully_shard shards it)
+  checkpoint_module   a module's forward under checkpoint, in place (before fully_shard)
 Stock's API: torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False), or for a
 module torch.distributed._composable.checkpoint(module); selective: context_fn=
 functools.partial(create_selective_checkpoint_contexts, [ops to save]).
@@ -27,6 +26,7 @@ import contextlib
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
 
 
 aten = torch.ops.aten
@@ -43,39 +43,43 @@ class _Stop(Exception):
     """Raised inside the second forward once backward has every tensor it asked for."""
 
 
-def checkpoint(function, *args, save_ops=(), preserve_rng_state=True):
-    """function(*args), keeping only args (and, selective, the outputs of save_ops) for backward.
+def checkpoint(function, *args, save_ops=(), preserve_rng_state=True, **kwargs):
+    """function(*args, **kwargs), keeping only its arguments (selective: save_ops' outputs too).
 
-    The same values as function(*args): the gradients are bit for bit those of no
-    checkpointing, and of torch.utils.checkpoint.checkpoint(function, *args,
-    use_reentrant=False) (with save_ops: its selective checkpointing, the same ops saved)."""
+    Gradients bit for bit those of no checkpointing, and of stock's checkpoint(function, *args,
+    use_reentrant=False, **kwargs) (save_ops: its selective one, the same ops saved)."""
     device = next((a.device.type for a in args if torch.is_tensor(a)), "cpu")
     # Autograd refuses a saved tensor changed in place since (its version counter moved);
-    # the kept inputs are saved by hand, so they are checked by hand.
-    versions = [a._version if torch.is_tensor(a) else None for a in args]
+    # the kept arguments are saved by hand, so they are checked by hand.
+    arguments = {**dict(enumerate(args)), **kwargs}  # by position, then by name
+    versions = {name: a._version for name, a in arguments.items() if torch.is_tensor(a)}
     # Put back what makes the second forward the first one again: the random state (dropout
-    # draws from it) and autocast (which decides each op's precision).
-    rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state() if device == "cuda" else None
+    # draws from it) and autocast (which decides each op's precision). preserve_rng_state=
+    # False (stock's flag, stock's meaning) stashes none: new masks are drawn (a break-it).
+    rng = torch.get_rng_state() if preserve_rng_state else None
+    cuda_rng = torch.cuda.get_rng_state() if device == "cuda" and preserve_rng_state else None
     autocast = torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
-    count, answers, kept = [0], {}, []
+    count, answers, kept, answered = [0], {}, [], [None]  # answered: for which backward
 
     def pack(tensor):  # forward: instead of the tensor, its number in the order saved
         count[0] += 1
         return count[0] - 1
 
-    def unpack(number):  # backward: the first ask runs the forward again
-        if not answers:
+    def unpack(number):  # backward: the first ask of each backward runs the forward again
+        # Once per backward (autograd's graph task), as stock's: a second backward through a
+        # retained graph (each output of a tuple on its own) asks for tensors the first used.
+        task = torch._C._current_graph_task_id()
+        if task != answered[0]:
+            answers.clear()  # what the previous backward did not ask for: not reused
             recompute()
+            answered[0] = task
         return answers.pop(number)  # each asked once: freed as soon as it is used
 
     def recompute():
-        changed = [i for i, (a, v) in enumerate(zip(args, versions)) if v is not None and
-                   a._version != v]
+        changed = [name for name, v in versions.items() if arguments[name]._version != v]
         if changed:
-            raise RuntimeError(f"checkpoint: input {changed[0]} was modified by an inplace"
-                               " operation after the forward: the second forward would not"
-                               " be the first")
+            raise RuntimeError(f"checkpoint: input {changed[0]!r} was modified by an inplace "
+                               "operation after the forward: the second forward would differ")
         saved = []
 
         def collect(tensor):
@@ -88,20 +92,20 @@ def checkpoint(function, *args, save_ops=(), preserve_rng_state=True):
 
         # The inputs again, cut from the outer graph: the second forward builds a graph of
         # its own, only to harvest its saved tensors; the outer graph's nodes use them.
-        inputs = [a.detach().requires_grad_(a.requires_grad) if torch.is_tensor(a) else a
-                  for a in args]
+        inputs, keywords = [_cut(a) for a in args], {k: _cut(a) for k, a in kwargs.items()}
         cuda = [torch.cuda.current_device()] if cuda_rng is not None else []
-        with torch.random.fork_rng(devices=cuda):  # the RNG after the second forward: untouched
-            if preserve_rng_state:  # (stock's flag: False draws new masks, a break-it)
+        # after it, the RNG as before (False: moved on by the new draws, as stock's)
+        with torch.random.fork_rng(devices=cuda, enabled=preserve_rng_state):
+            if rng is not None:
                 torch.set_rng_state(rng)
-            if cuda_rng is not None and preserve_rng_state:
+            if cuda_rng is not None:
                 torch.cuda.set_rng_state(cuda_rng)
             try:
                 with torch.enable_grad(), torch.autocast(device, dtype=autocast[1],
                                                          enabled=autocast[0]), \
                         torch.autograd.graph.saved_tensors_hooks(collect, lambda _: None), \
                         Reuse(kept, save_ops) if save_ops else contextlib.nullcontext():
-                    function(*inputs)
+                    function(*inputs, **keywords)
             except _Stop:
                 pass
         if len(saved) != count[0]:
@@ -111,7 +115,22 @@ def checkpoint(function, *args, save_ops=(), preserve_rng_state=True):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack), \
             Keep(kept, save_ops) if save_ops else contextlib.nullcontext():
-        return function(*args)
+        return function(*args, **kwargs)
+
+
+def _cut(a):
+    return a.detach().requires_grad_(a.requires_grad) if torch.is_tensor(a) else a
+
+
+def _versions(out):  # the version counter of each tensor in an op's output
+    return [t._version for t in tree_leaves(out) if torch.is_tensor(t)]
+
+
+def _detached(out):
+    # A detached tensor shares the output's memory, and its version counter too, but only
+    # with ADInplaceOrView on: a dispatch mode runs below it, without (stock's _detach_helper).
+    with torch._C._SetExcludeDispatchKeyGuard(torch._C.DispatchKey.ADInplaceOrView, False):
+        return tree_map(lambda o: o.detach() if torch.is_tensor(o) else o, out)
 
 
 class Keep(TorchDispatchMode):
@@ -125,9 +144,10 @@ class Keep(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func in self.save_ops:
-            # detached: kept as values; the second forward hands them to the next op
-            self.kept.append(out.detach() if torch.is_tensor(out) else
-                             tuple(o.detach() if torch.is_tensor(o) else o for o in out))
+            # detached: kept as values; the second forward hands them to the next op. With
+            # their versions now: the function may still change the output in place (out += x)
+            kept = _detached(out)
+            self.kept.append((kept, _versions(kept)))
         return out
 
 
@@ -142,7 +162,11 @@ class Reuse(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in self.save_ops:
-            return self.kept.pop(0)
+            out, versions = self.kept.pop(0)
+            if _versions(out) != versions:  # the kept value is not the op's: stock's words
+                raise RuntimeError("Tensor cached during selective activation checkpoint has "
+                                   "been mutated (out += x?); hint: write out = out + x")
+            return out
         return func(*args, **(kwargs or {}))
 
 
@@ -151,6 +175,6 @@ def checkpoint_module(module, save_ops=(), preserve_rng_state=True):
     torch.distributed._composable.checkpoint): its parameters keep their names, and
     fully_shard or a TP plan applied to it wraps the checkpointed forward. Returns module."""
     forward = module.forward  # the forward as it is now (a TP plan's, if one was applied)
-    module.forward = lambda *args: checkpoint(forward, *args, save_ops=save_ops,
-                                              preserve_rng_state=preserve_rng_state)
+    module.forward = lambda *args, **kwargs: checkpoint(
+        forward, *args, save_ops=save_ops, preserve_rng_state=preserve_rng_state, **kwargs)
     return module

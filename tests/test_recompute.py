@@ -9,7 +9,10 @@ create_selective_checkpoint_contexts; the matmuls and attention kept), 3 AdamW
 steps: every gradient of every step and every weight after `torch.equal` to no
 checkpointing's, in one process (fp32, and under CPU autocast to bfloat16) and at 2 ranks
 under minddp's fully_shard and stock's, and under minddp's and stock's tensor parallelism;
-the ops each policy runs again in backward counted, minddp's equal to stock's.
+the ops each policy runs again in backward counted, minddp's equal to stock's. Then the
+edges of stock's contract, against torch.utils.checkpoint.checkpoint: keyword arguments, a
+tuple's outputs back-propagated one at a time, preserve_rng_state=False (the gradients and
+the RNG after), a kept output changed in place (refused by both).
 """
 
 import collections
@@ -26,7 +29,7 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
 from helpers import REPO, run, share_spawn, shared_results
 from minddp.bench.transformer import gpt
-from minddp.recompute import checkpoint_module
+from minddp.recompute import checkpoint, checkpoint_module
 
 aten = torch.ops.aten
 SAVE = [aten.addmm.default, aten.mm.default,  # the matmuls, and attention: kept (selective)
@@ -220,3 +223,148 @@ def test_the_recompute_breaks_show_their_damage():
     assert "minddp: refused in backward: checkpoint: input 0 was modified by an inplace" \
            " operation" in out[3], out[3]
     assert out[3].count("refused in backward") == 3, out[3]
+
+
+# The edges of torch.utils.checkpoint's contract: keyword arguments, a tuple's outputs
+# back-propagated one at a time, preserve_rng_state=False, a kept output changed in place.
+# Each against stock's function checkpoint (non-reentrant) or no checkpointing, bit for bit.
+def stock_fn(function, *args, save_ops=(), **kwargs):
+    """torch.utils.checkpoint.checkpoint, non-reentrant (selective: its context_fn)."""
+    if save_ops:
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts,
+                                                 list(save_ops))
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
+
+
+def no_checkpoint(function, *args, save_ops=(), preserve_rng_state=True, **kwargs):
+    return function(*args, **kwargs)
+
+
+IMPLS = {"none": no_checkpoint, "minddp": checkpoint, "stock": stock_fn}
+
+
+def leaves(seed=0, *shape):
+    torch.manual_seed(seed)
+    return [torch.randn(*shape, requires_grad=True) for _ in range(2)]
+
+
+def scaled(x, bias=None, scale=1.0):
+    # sin saves its input, x * scale + bias: the second forward must see the same keywords
+    return F.dropout((x * scale + bias).sin(), 0.5, training=True).exp()
+
+
+@pytest.mark.parametrize("save_ops", [(), SAVE], ids=["full", "selective"])
+def test_keyword_arguments_reach_the_forward_and_the_second_forward(save_ops):
+    grads = {}
+    for impl, run_checkpoint in IMPLS.items():
+        x, bias = leaves(0, 4, 3)
+        torch.manual_seed(1)  # dropout's mask
+        run_checkpoint(scaled, x, bias=bias, scale=2.0, save_ops=save_ops).sum().backward()
+        grads[impl] = x.grad, bias.grad
+    for impl in ("minddp", "stock"):
+        assert all(map(torch.equal, grads[impl], grads["none"])), impl
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+
+    def forward(self, x, scale=1.0):
+        return F.gelu(self.fc(x) * scale)
+
+
+def test_checkpoint_module_takes_keyword_arguments():
+    grads = {}
+    for impl, wrap in (("none", lambda m: m), ("minddp", checkpoint_module),
+                       ("stock", stock_checkpoint)):
+        torch.manual_seed(0)
+        module = wrap(Scaled())
+        module(torch.randn(4, 3), scale=2.0).sum().backward()
+        grads[impl] = [p.grad for p in module.parameters()]
+    for impl in ("minddp", "stock"):
+        assert all(map(torch.equal, grads[impl], grads["none"])), impl
+
+
+def two_outputs(x, y):
+    a = x.tanh()  # the second output's only, before the shared ops: asked for after them
+    h = F.dropout((x * y).sin(), 0.5, training=True)
+    return h.cos(), h * a
+
+
+@pytest.mark.parametrize("preserve_rng_state", [True, False])
+def test_each_output_back_propagated_on_its_own(preserve_rng_state):
+    # the second backward through the retained graph runs the forward again, as stock's does
+    # (and with preserve_rng_state=False draws its masks anew from the RNG, as stock's does)
+    out = {}
+    for impl in ("none", "minddp", "stock") if preserve_rng_state else ("minddp", "stock"):
+        x, y = leaves(0, 4, 3)
+        torch.manual_seed(1)
+        first, second = IMPLS[impl](two_outputs, x, y, preserve_rng_state=preserve_rng_state)
+        first.sum().backward(retain_graph=True)
+        after_first = x.grad.clone(), y.grad.clone()
+        second.sum().backward()
+        out[impl] = [*after_first, x.grad, y.grad, torch.get_rng_state()]
+    for impl in out:
+        assert all(map(torch.equal, out[impl], out["stock"])), impl
+
+
+def test_selective_backs_each_output_on_its_own_where_stock_refuses():
+    # stock's selective frees each kept output at its first use and refuses a second
+    # backward; minddp's keeps them while the graph lives: no checkpointing's gradients
+    grads = {}
+    for impl in ("none", "minddp", "stock"):
+        x, y = leaves(0, 4, 3)
+        torch.manual_seed(1)
+        first, second = IMPLS[impl](two_outputs, x, y, save_ops=SAVE + [aten.mul.Tensor])
+        first.sum().backward(retain_graph=True)
+        if impl == "stock":
+            with pytest.raises(RuntimeError, match="Trying to backward an extra time"):
+                second.sum().backward()
+        else:
+            second.sum().backward()
+            grads[impl] = x.grad, y.grad
+    assert all(map(torch.equal, grads["minddp"], grads["none"]))
+
+
+def block(h):
+    return F.dropout(F.gelu(h), 0.5, training=True).sin()
+
+
+def two_blocks(x, checkpoint_block, preserve_rng_state):
+    for _ in range(2):
+        x = checkpoint_block(block, x, preserve_rng_state=preserve_rng_state)
+    return x
+
+
+@pytest.mark.parametrize("save_ops", [(), SAVE], ids=["full", "selective"])
+@pytest.mark.parametrize("preserve_rng_state", [True, False])
+def test_preserve_rng_state_means_what_stocks_means(preserve_rng_state, save_ops):
+    # False: no RNG state stashed or put back, so the second forward draws new masks from the
+    # RNG as it stands, and leaves it moved on: the gradients and the RNG after are stock's
+    out = {}
+    for impl in ("none", "minddp", "stock"):
+        x, _ = leaves(0, 4, 3)
+        torch.manual_seed(1)
+        run_checkpoint = functools.partial(IMPLS[impl], save_ops=save_ops)
+        two_blocks(x, run_checkpoint, preserve_rng_state).sum().backward()
+        out[impl] = x.grad, torch.get_rng_state()
+    assert all(map(torch.equal, out["minddp"], out["stock"]))
+    # True: the masks of the first forward, so no checkpointing's gradients and RNG after
+    assert all(map(torch.equal, out["minddp"], out["none"])) == preserve_rng_state
+
+
+def added_in_place(x, fc):
+    out = fc(x)  # addmm: kept by selective
+    out += x  # changes the kept tensor: the second forward would add x twice
+    return out.sin()
+
+
+@pytest.mark.parametrize("impl", ["minddp", "stock"])
+def test_a_kept_output_changed_in_place_is_refused(impl):
+    torch.manual_seed(0)
+    fc, x = torch.nn.Linear(3, 3), torch.randn(4, 3, requires_grad=True)
+    out = IMPLS[impl](added_in_place, x, fc, save_ops=SAVE)
+    with pytest.raises(RuntimeError, match="Tensor cached during selective activation "
+                                           "checkpoint has been mutated"):
+        out.sum().backward()
