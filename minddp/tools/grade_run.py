@@ -21,6 +21,11 @@ import traceback
 from .exercises import EXERCISES
 
 STARTING_S = 600  # the most a rank may take to import torch and join the group
+# What a rank raises when a peer went away (it finished, or died): never the diagnosis. The
+# peer's own error says why, or, if it has none, the rank was waiting for a collective that
+# never completed: the same report as a rank still waiting at the time limit, whichever
+# rank notices first.
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 # (isend and irecv stay unwrapped: P2POp checks that its op IS dist.isend or dist.irecv)
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_single",
                "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
@@ -106,9 +111,11 @@ def run_world(file, name, world_size, timeout):
         mine = f'"{pathlib.Path(file).resolve()}"'
         errors = sorted(out.glob("rank*.error"), key=lambda e: (
             mine not in e.read_text(), e.stat().st_mtime))
-        if errors:
-            return [_exception(label, errors[0], file)]
-        if stuck or not (out / "results.json").exists():
+        left = [e for e in errors if any(gone in e.read_text() for gone in PEER_GONE)]
+        said = [e for e in errors if e not in left]
+        if said:
+            return [_exception(label, said[0], file)]
+        if stuck or left or not (out / "results.json").exists():
             return [_stuck(label, out, world_size, timeout)]
         return json.loads((out / "results.json").read_text())
 
