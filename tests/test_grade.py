@@ -220,6 +220,45 @@ def test_a_collective_that_never_completes_names_where_each_rank_waits(tmp_path)
     assert "diagnosis: a collective that never completed within 10 s" in result.stdout
 
 
+PEER_LEFT = ("Traceback (most recent call last):\n  File \"{file}\", line 7, in _average\n"
+             "    dist.all_reduce(grad)\nRuntimeError: [../gloo/transport/tcp/pair.cc:553]"
+             " Connection closed by peer [127.0.0.1]:4242. GLHF!")
+
+
+@pytest.mark.parametrize("race", ["rank 1 still waits at the limit", "rank 1's peer left first",
+                                  "both ranks saw the peer leave"])
+def test_a_hang_is_reported_alike_whichever_rank_notices_first(tmp_path, race):
+    """What the grader controls: the report from what the ranks left, in every order of the
+    race (rank 0 went on without the all_reduce; rank 1 waits in it)."""
+    from minddp.tools.grade_run import report
+    student = tmp_path / "naive.py"
+    student.write_text("")
+    (tmp_path / "rank0.collectives").write_text("in broadcast (naive.py line 3)\ndone\n")
+    (tmp_path / "rank1.collectives").write_text(
+        "in broadcast (naive.py line 3)\ndone\nin all_reduce (naive.py line 7)\n")
+    if race != "rank 1 still waits at the limit":
+        (tmp_path / "rank1.error").write_text(PEER_LEFT.format(file=student.resolve()))
+    if race == "both ranks saw the peer leave":
+        (tmp_path / "rank0.error").write_text(PEER_LEFT.format(file=student.resolve()))
+    [result] = report(tmp_path, student, 2, 10, stuck=race == "rank 1 still waits at the limit")
+    assert result["where"] == "rank 0 in none; rank 1 waits in all_reduce (naive.py line 7)"
+    assert result["diagnosis"].startswith("a collective that never completed within 10 s")
+
+
+def test_the_rank_that_says_why_is_reported_not_the_peer_that_saw_it_leave(tmp_path):
+    from minddp.tools.grade_run import report
+    student = tmp_path / "sharded.py"
+    student.write_text("")
+    (tmp_path / "rank0.error").write_text(PEER_LEFT.format(file=student.resolve()))
+    (tmp_path / "rank1.error").write_text(
+        f'Traceback (most recent call last):\n  File "{student.resolve()}", line 9, in gather\n'
+        "    dist.all_gather(parts, mine)\nRuntimeError: ProcessGroupGloo::allgather: invalid"
+        " tensor size at index 0 (expected (4), got (3))")
+    [result] = report(tmp_path, student, 2, 10, stuck=False)
+    assert result["where"] == "rank 1, sharded.py line 9: dist.all_gather(parts, mine)"
+    assert "invalid tensor size at index 0" in result["diagnosis"]
+
+
 def test_a_starting_file_written_by_minddp_exercise_is_graded_not_written_yet(tmp_path):
     wrote = run([sys.executable, "-m", "minddp", "exercise", "pp", str(tmp_path)])
     assert wrote.returncode == 0 and "wrote " in wrote.stdout, wrote.stderr

@@ -105,19 +105,24 @@ def run_world(file, name, world_size, timeout):
             if p.is_alive():
                 p.kill()
             p.join()
-        label = f"{world_size} rank{'s' if world_size > 1 else ''}"
-        # The first rank that raised in the student's file; a peer's error that follows it
-        # ("Connection closed by peer") only says that a rank went away.
-        mine = f'"{pathlib.Path(file).resolve()}"'
-        errors = sorted(out.glob("rank*.error"), key=lambda e: (
-            mine not in e.read_text(), e.stat().st_mtime))
-        left = [e for e in errors if any(gone in e.read_text() for gone in PEER_GONE)]
-        said = [e for e in errors if e not in left]
-        if said:
-            return [_exception(label, said[0], file)]
-        if stuck or left or not (out / "results.json").exists():
-            return [_stuck(label, out, world_size, timeout)]
-        return json.loads((out / "results.json").read_text())
+        return report(out, file, world_size, timeout, stuck)
+
+
+def report(out, file, world_size, timeout, stuck):
+    """[the results], or one failed result, from what the ranks left in the folder `out`."""
+    label = f"{world_size} rank{'s' if world_size > 1 else ''}"
+    # The first rank that raised in the student's file; a peer's error that follows it
+    # ("Connection closed by peer") only says that a rank went away.
+    mine = f'"{pathlib.Path(file).resolve()}"'
+    errors = sorted(out.glob("rank*.error"), key=lambda e: (
+        mine not in e.read_text(), e.stat().st_mtime))
+    left = [e for e in errors if any(gone in e.read_text() for gone in PEER_GONE)]
+    said = [e for e in errors if e not in left]
+    if said:
+        return [_exception(label, said[0], file)]
+    if stuck or left or not (out / "results.json").exists():
+        return [_stuck(label, out, world_size, timeout)]
+    return json.loads((out / "results.json").read_text())
 
 
 def _exception(label, error_file, file):
