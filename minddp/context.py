@@ -86,7 +86,8 @@ def ring_forward(q, k, v, group, is_causal, zigzag, kernel, scale):
                                                          block_out, block_lse)
         if step + 1 < size:
             kv = incoming.wait()
-    return out.to(q.dtype), lse.squeeze(-1)
+    # lse in the fused kernel's dtype (float64 for float64 q), as stock's: its backward wants it
+    return out.to(q.dtype), lse.squeeze(-1).to(torch.promote_types(q.dtype, torch.float32))
 
 
 def ring_backward(dout, q, k, v, out, lse, group, is_causal, zigzag, kernel, scale):

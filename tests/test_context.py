@@ -8,11 +8,15 @@ each rank's output and its q, k, v gradients `torch.equal` to the one-process re
 alone) and to stock's private ring (_templated_ring_attention and its backward, with the
 CPU kernel) wherever stock takes the case (it refuses zig-zag without a causal mask); the
 reference itself within docs/context.md's bound of whole-sequence SDPA.
+Float64 q, k, v: `torch.equal` to stock's ring. Zig-zag without a mask at 2, 3 and 4 ranks:
+`torch.equal` to stock's plain ring (no load balancing) on the same zig-zag shards, as a
+query without a mask sees every key wherever it sits.
 The small GPT under context_parallel, 3 AdamW steps: every rank's loss, every mean gradient
 and every weight `torch.equal` to the one-process model (a replica per rank, attention by
 the reference), at cp=2 under minddp's fully_shard, cp=4 and dp=2 x cp=2 with the gradients
 added in rank order on both sides (gloo's own order is not rank order at 4); and dp=2 x cp=2
-under fully_shard over all four, minddp's everything against stock's everything.
+under fully_shard over all four, minddp's everything against stock's everything. In
+float64 at cp=2, one step: each rank's loss and gradients `torch.equal` to stock's ring's.
 """
 
 import copy
@@ -114,6 +118,56 @@ def test_ring_attention_is_bitwise_the_reference_and_stocks_ring(world_size, cau
                 assert seen["stock"] == [True] * 4, (rank, SHAPES[shape], seen)
             else:
                 assert "stock" not in seen
+
+
+def _same(ours, theirs):
+    """[out, dq, dk, dv]: each torch.equal and of the same dtype (equal() alone promotes)."""
+    return [a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(ours, theirs)]
+
+
+def _float64(rank, world_size):
+    """Float64 q, k, v, fused kernel: {(causal, zigzag): _same as stock's ring}, every case
+    stock takes (tests/context_reference.py hands the kernel a float32 lse: not compared)."""
+    parts = _parts(rank, world_size, 300, (2, 3, 8, 8), torch.float64)
+    return {(causal, zigzag): _same(_ring(parts, rank, causal, zigzag, "fused"),
+                                    _stock(parts, rank, causal, zigzag))
+            for causal, zigzag in CASES if causal or not zigzag}
+
+
+share_spawn(_float64, [2, 4])
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_float64_ring_attention_is_bitwise_stocks_ring(world_size):
+    for rank, verdicts in enumerate(shared_results(_float64, world_size)):
+        assert len(verdicts) == 3, verdicts
+        for case, seen in verdicts.items():
+            assert seen == [True] * 4, (rank, case, seen)
+
+
+def _full_zigzag(rank, world_size):
+    """Zig-zag without a mask, every shape of SHAPES: [out, dq, dk, dv] _same as stock's
+    plain ring (no load balancing) on the same zig-zag shards of one whole sequence."""
+    verdicts = []
+    for index, (shape, dtype) in enumerate(SHAPES):
+        g = torch.Generator().manual_seed(200 + index)  # one sequence, the same on every rank
+        b, h, t, d = shape
+        whole = [torch.randn(b, h, t * world_size, d, generator=g).to(dtype) for _ in range(4)]
+        parts = [[ref.part(x, 2, r, world_size, True) for r in range(world_size)] for x in whole]
+        # Without a mask a query sees every key wherever it sits: the zig-zag shards are
+        # just W blocks of keys to stock's plain ring, visited in the same order as ours.
+        verdicts.append(_same(_ring(parts, rank, False, True, "fused"),
+                              _stock(parts, rank, False, False)))
+    return verdicts
+
+
+share_spawn(_full_zigzag, [2, 3, 4])
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_full_zigzag_is_bitwise_stocks_plain_ring_on_the_same_shards(world_size):
+    for rank, verdicts in enumerate(shared_results(_full_zigzag, world_size)):
+        assert verdicts == [[True] * 4] * len(SHAPES), (rank, verdicts)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -238,3 +292,32 @@ def test_cp_with_fully_shard_on_2x2_is_stocks():
     for rank in range(4):
         assert _equal(manual[rank][0], stock[rank][0]) == [], rank
         assert manual[rank][0][0][0] > 0  # a loss was trained
+
+
+def _gpt_float64(rank, world_size, impl):
+    """The small GPT in float64, one step under `impl`'s context_parallel (cp=2, zig-zag):
+    [this rank's loss, its own gradients] (not averaged: the ring alone is compared)."""
+    from minddp.bench.transformer import gpt
+    from minddp.dropin.libraries import LIBRARIES
+    lib = LIBRARIES[impl]
+    mesh = lib.init_device_mesh("cpu", (1, world_size), mesh_dim_names=("dp", "cp"))
+    torch.manual_seed(0)
+    model = gpt(tokens=TOKENS).double()
+    tokens, targets = (t.clone() for t in _batches(1, steps=1)[0][0])
+    with lib.context_parallel(mesh["cp"], buffers=[tokens, targets, model[0].positions],
+                              buffer_seq_dims=[1, 1, 0]):
+        loss = F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
+        loss.backward()
+    return [loss.detach()] + [p.grad for p in model.parameters()]
+
+
+for _impl in ("manual", "stock"):
+    share_spawn(_gpt_float64, [2], _impl, key=_impl)
+
+
+def test_a_float64_gpt_under_context_parallel_is_stocks():
+    manual = shared_results(_gpt_float64, 2, key="manual")
+    stock = shared_results(_gpt_float64, 2, key="stock")
+    for rank in range(2):
+        assert manual[rank][0].dtype == torch.float64
+        assert _same(manual[rank], stock[rank]) == [True] * len(manual[rank]), rank
