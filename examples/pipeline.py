@@ -61,6 +61,9 @@ def main(env, args):
     stages = [minddp_pp.stage_layers(model.layers, s, num_stages) for s in mine]  # this rank's
     pp = minddp_pp if args.pp == "manual" else stock_pp
     built = [pp.PipelineStage(layers, s, num_stages, env.device) for layers, s in zip(stages, mine)]
+    log = []  # stock's actions as they run
+    if args.pp == "stock":
+        log_actions(built, log)
     schedule = getattr(pp, SCHEDULES[args.schedule])(
         built if args.schedule in VIRTUAL else built[0], args.microbatches,
         loss_fn=F.cross_entropy)
@@ -78,8 +81,11 @@ def main(env, args):
                           losses=losses if last else None)
             grad_table.record(epoch)
             optimizer.step()
-            if epoch == step == 0 and args.pp == "manual":  # (several stages: "sF0" is stage s's)
-                log = schedule.log if args.schedule in VIRTUAL else schedule.stage.log
+            if epoch == step == 0:  # the order this rank ran (several stages: "sF0" is s's)
+                if args.pp == "manual":  # minddp's stages keep a log of what they run
+                    log = schedule.log if args.schedule in VIRTUAL else schedule.stage.log
+                elif args.schedule not in VIRTUAL:  # one stage per rank: without its number
+                    log = [action[len(str(mine[0])):] for action in log]
                 print_rank(f"stage {', '.join(map(str, mine))}, {args.schedule}: {' '.join(log)}")
             if last:
                 print_rank(f"Epoch: {epoch + 1:03d}/{args.epochs:03d}"
@@ -87,6 +93,20 @@ def main(env, args):
                            f" | Train/Val Loss: {torch.stack(losses).mean():.4f}")  # the batch's
     grad_table.save()  # collective: rank 0 gathers every rank's rows and writes the file
 
+
+def log_actions(stages, log):
+    """Note each action stock's stages run, as minddp's log writes it: "sF0" is stage s's
+    forward of microbatch 0; I and W a zero-bubble backward's halves, B both."""
+    for stage in stages:
+        def noted(run, kind, stage=stage):
+            def call(chunk, *args, **kwargs):
+                full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+                log.append(f"{stage.stage_index}{kind if kind != 'B' or full else 'I'}{chunk}")
+                return run(chunk, *args, **kwargs)
+            return call
+        stage.forward_one_chunk = noted(stage.forward_one_chunk, "F")
+        stage.backward_one_chunk = noted(stage.backward_one_chunk, "B")
+        stage.backward_weight_one_chunk = noted(stage.backward_weight_one_chunk, "W")
 
 if __name__ == "__main__":
     with exit_on_failure(), exit_on_usage_error():  # one line and a hint, exit 1 or 2
