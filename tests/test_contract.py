@@ -96,6 +96,11 @@ CONFIGS = {  # name: (model class, wrapper kwargs, zero_grad set_to_none, no_syn
     "stock-only-knobs": (BatchNormNet, {"check_reduction": True, "dim": 0, "init_sync": True},
                          True, False),
     "forward-sync-off": (BatchNormNet, {"forward_sync_buffers": False}, True, False),
+    # The buckets rebuilt a step later than without the flag: other bits from the second step
+    "static-graph": (Wide, {"static_graph": True, "bucket_cap_mb": 0.05}, True, False),
+    "static-graph-no-sync": (Wide, {"static_graph": True, "bucket_cap_mb": 0.05}, False, True),
+    "static-graph-bucket-view": (Wide, {"static_graph": True, "bucket_cap_mb": 0.05,
+                                        "gradient_as_bucket_view": True}, True, False),
 }
 HOOKS = {  # name: (stock's hook, ManualDDP's hook)
     "allreduce-hook": (default_hooks.allreduce_hook,) * 2,

@@ -93,7 +93,7 @@ def _stock_refusals(rank, world_size):
             except Exception as err:
                 said[name, cls.__name__] = (type(err).__name__, str(err).split(" (hint")[0])
     for name, kwargs in {"mixed_precision": {"mixed_precision": object()},
-                         "static_graph": {"static_graph": True},
+                         "batched_grad_copy": {"batched_grad_copy": True},
                          "bucket_cap_mb_list": {"bucket_cap_mb_list": [1, 2]}}.items():
         try:
             ManualDDP(torch.nn.Linear(2, 2), **kwargs)
@@ -114,8 +114,8 @@ def test_wrong_calls_are_refused_as_stock_refuses_them():
         said["a list as process_group", "DistributedDataParallel"]
     assert said["mixed_precision"].startswith("ManualDDP does not implement stock DDP's"
                                               " mixed_precision=")
-    assert said["static_graph"].startswith("ManualDDP does not implement stock DDP's"
-                                           " static_graph=True")
+    assert said["batched_grad_copy"].startswith("ManualDDP does not implement stock DDP's"
+                                                " batched_grad_copy=True")
     assert said["bucket_cap_mb_list"].startswith("ManualDDP does not implement stock DDP's"
                                                  " bucket_cap_mb_list=[1, 2]")
 

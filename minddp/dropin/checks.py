@@ -55,9 +55,6 @@ def check_stock_arguments(module, device_ids=None, output_device=None):
 
 # Stock arguments ManualDDP does not implement: a value other than the default is refused.
 NOT_IMPLEMENTED = {
-    # static_graph=True: stock then rebuilds its buckets later and in another order
-    # (measured: bits differ from the second step at 3 ranks), so it is not a no-op.
-    "static_graph": False,
     # batched_grad_copy=True: stock copies gradients into buckets another way; measured,
     # its bits differ from the default's at 3 ranks from the first step.
     "batched_grad_copy": False,

@@ -24,9 +24,10 @@ from .join import JoinableDDP, join_forward
 from .unused import unused_parameters
 from ..grad_hooks import weakly
 from .sp_order import sum_each_backward
+from .static_graph import StaticGraphDDP
 
 
-class ManualDDP(BucketedDDP, JoinableDDP):
+class ManualDDP(StaticGraphDDP, BucketedDDP, JoinableDDP):
     """Stock DDP's constructor and knobs on BucketedDDP: a drop-in for DistributedDataParallel.
 
     Collective: call on every rank. The knobs, by stock's names and defaults:
@@ -38,8 +39,9 @@ class ManualDDP(BucketedDDP, JoinableDDP):
       device_ids / output_device  checked as stock checks them; inputs moved to device_ids[0]
       device_mesh      a 1-D mesh (mesh["dp"] of a larger one, mesh.py): its group, as stock
       init_sync=False  no broadcast at construction;  join()  uneven inputs (join.py)
+      static_graph     the buckets rebuilt a step later, as stock's (static_graph.py)
       dim, check_reduction  accepted: they steer nothing minddp does (check_reduction warns)
-    Stock's other arguments (static_graph, mixed_precision, ...) are refused in one line.
+    Stock's other arguments (mixed_precision, ...) are refused in one line.
     """
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0,
@@ -51,7 +53,7 @@ class ManualDDP(BucketedDDP, JoinableDDP):
                  bucket_cap_mb_list=None, batched_grad_copy=False, forward_sync_buffers=None,
                  lazy_bucket_allocation=False):
         """Stock DDP's constructor, argument for argument; the knobs in the class docstring."""
-        refuse_unimplemented(static_graph=static_graph, batched_grad_copy=batched_grad_copy,
+        refuse_unimplemented(batched_grad_copy=batched_grad_copy,
                              delay_all_reduce_named_params=delay_all_reduce_named_params,
                              param_to_hook_all_reduce=param_to_hook_all_reduce,
                              mixed_precision=mixed_precision,
@@ -78,6 +80,8 @@ class ManualDDP(BucketedDDP, JoinableDDP):
         self._comm_hook = None  # (state, hook)
         self._backwards = 0  # synced backwards so far
         JoinableDDP.__init__(self)  # join(): disabled until the context manager enables it
+        if static_graph:
+            self._set_static_graph()
         self._divide_by_initial_world_size = True
         self._still_training = None  # join(): step 1's work, then the count it summed
         self.find_unused_parameters = find_unused_parameters
