@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from minddp.run import warm
 from minddp.teardown import ddp_teardown, group_threads
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,8 +34,12 @@ HANG_S = 600  # a run still going after this long is hung (the slowest takes ~40
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def _entry(fn, rank, world_size, store_file, out_dir, args, gpu):
+def _entry(fn, rank, world_size, store_file, out_dir, args, gpu, environ):
     try:
+        # The environment of the test that started the rank, not the one the fork server
+        # started with: what a spawned rank would see.
+        os.environ.clear()
+        os.environ.update(environ)
         if not gpu:
             # These tests mean CPU and gloo: on a GPU machine too (CUDA starts lazily, so
             # hiding it here, before any CUDA call, is in time).
@@ -65,14 +70,15 @@ def _entry(fn, rank, world_size, store_file, out_dir, args, gpu):
 def run_ranks(fn, world_size, *args, timeout=HANG_S, gpu=False):
     """Run fn(rank, world_size, *args) on `world_size` spawned gloo ranks; return [result per rank].
 
-    fn must be a module-level function (spawn pickles it by name). A rank that fails
+    fn must be a module-level function (it is pickled by name). A rank that fails
     ends all of them at once; so does the deadline. CUDA is hidden unless gpu=True.
     """
-    ctx = mp.get_context("spawn")
+    ctx = warm.context()  # forked from a server that has torch imported (minddp/run/warm.py)
     with tempfile.TemporaryDirectory() as tmp:
         done = [Path(tmp, f"rank{r}.done") for r in range(world_size)]
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, store, tmp, args, gpu))
+        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, store, tmp, args, gpu,
+                                                     dict(os.environ)))
                  for r in range(world_size)]
         for p in procs:
             p.start()

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from tabulate import tabulate
 
 from ..teardown import ddp_teardown
+from ..run import warm
 from ..run.errors import interrupted
 
 # The collectives' names (torch 2.13 and older), and per byte passed, bytes a rank sends on a
@@ -135,12 +136,15 @@ def collect_rows(args, work):
 
 
 def spawn(fn, args, nprocs):
-    """mp.start_processes(fn, args, nprocs), spawned; Ctrl-C ends them all with one line."""
-    # The ranks start with SIGINT ignored (an ignored signal stays so across exec): Ctrl-C in
-    # the middle of their torch import prints no traceback per rank. This process ends them.
+    """mp.start_processes(fn, args, nprocs), warm (run/warm.py); Ctrl-C ends them all with
+    one line."""
+    # The ranks start with SIGINT ignored (the fork server starts with it so, and an ignored
+    # signal stays so across exec and fork): Ctrl-C prints no traceback per rank. This
+    # process ends them.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        context = mp.start_processes(fn, args=args, nprocs=nprocs, start_method="spawn",
+        warm.context()
+        context = mp.start_processes(fn, args=args, nprocs=nprocs, start_method="forkserver",
                                      join=False)
     finally:
         signal.signal(signal.SIGINT, previous)

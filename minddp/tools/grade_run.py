@@ -18,6 +18,7 @@ import tempfile
 import time
 import traceback
 
+from ..run import warm
 from .exercises import EXERCISES
 
 STARTING_S = 600  # the most a rank may take to import torch and join the group
@@ -56,11 +57,13 @@ def _record_collectives(path, student_file):
             setattr(dist, name, wrap(name, getattr(dist, name)))
 
 
-def _rank(rank, world_size, file, name, tmp):
+def _rank(rank, world_size, file, name, tmp, environ):
     import torch
     import torch.distributed as dist
     out = pathlib.Path(tmp)
     try:
+        os.environ.clear()  # the grader's environment now, not the fork server's (run/warm.py)
+        os.environ.update(environ)
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU and gloo, on any machine
         torch.set_num_threads(1)
         from ..teardown import ddp_teardown
@@ -88,8 +91,10 @@ def run_world(file, name, world_size, timeout):
     the collective the ranks were stuck in."""
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as tmp:
-        context = mp.start_processes(_rank, args=(world_size, str(file), name, tmp),
-                                     nprocs=world_size, start_method="spawn", join=False)
+        warm.context()  # the ranks forked from a server that has torch imported (run/warm.py)
+        context = mp.start_processes(_rank, args=(world_size, str(file), name, tmp,
+                                                  dict(os.environ)),
+                                     nprocs=world_size, start_method="forkserver", join=False)
         out, failed = pathlib.Path(tmp), False
         deadline = time.monotonic() + STARTING_S  # (torch's import may take a while)
         started = False
