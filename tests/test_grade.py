@@ -259,6 +259,14 @@ def test_the_rank_that_says_why_is_reported_not_the_peer_that_saw_it_leave(tmp_p
     assert "invalid tensor size at index 0" in result["diagnosis"]
 
 
+def test_minddp_exercise_makes_the_folder_it_is_given(tmp_path):
+    from minddp.tools.exercises import main
+    assert main(["naive", str(tmp_path / "exercises")]) == 0  # docs/grade.md's first command
+    assert (tmp_path / "exercises" / "naive.py").read_text().startswith("# minddp exercise")
+    (tmp_path / "a file").write_text("")
+    assert main(["naive", str(tmp_path / "a file")]) == 2
+
+
 def test_a_starting_file_written_by_minddp_exercise_is_graded_not_written_yet(tmp_path):
     wrote = run([sys.executable, "-m", "minddp", "exercise", "pp", str(tmp_path)])
     assert wrote.returncode == 0 and "wrote " in wrote.stdout, wrote.stderr

@@ -134,10 +134,11 @@ def main(argv=None):
             print(f"{name:10} minddp/{e.lesson}.py: {', '.join(e.todo)}  (against {e.against})")
         return 0
     directory = pathlib.Path(args.directory)
-    if not directory.is_dir():
-        print(f"error: {directory} is not a directory\n---> HINT: mkdir -p {directory}",
+    if directory.exists() and not directory.is_dir():
+        print(f"error: {directory} is a file, not a directory\n---> HINT: another directory",
               file=sys.stderr)
         return 2
+    directory.mkdir(parents=True, exist_ok=True)  # `minddp exercise naive exercises/`: made
     path = directory / f"{EXERCISES[args.name].lesson}.py"
     if path.exists():
         print(f"error: {path} exists: it would be overwritten\n---> HINT: another directory,"
