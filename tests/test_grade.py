@@ -259,6 +259,30 @@ def test_the_rank_that_says_why_is_reported_not_the_peer_that_saw_it_leave(tmp_p
     assert "invalid tensor size at index 0" in result["diagnosis"]
 
 
+def test_a_folder_of_students_files_is_one_table(tmp_path):
+    lesson = (REPO / "minddp" / "naive.py").read_text()
+    (tmp_path / "alice.py").write_text(lesson)
+    (tmp_path / "bob.py").write_text(lesson.replace("        grad.mul_(1.0 / self.world_size)\n",
+                                                    ""))  # summed, not averaged
+    (tmp_path / "carol.py").write_text("def nothing():\n    pass\n")
+    table = run([sys.executable, "-m", "minddp", "grade", str(tmp_path), "--exercise", "naive",
+                 "--ranks", "2"])
+    assert table.returncode == 1, table.stderr[-2000:]
+    rows = {line.split()[0]: line for line in table.stdout.splitlines()
+            if line.split() and line.split()[0].endswith(".py")}
+    passed, checks = rows["alice.py"].split()[1], rows["alice.py"].split()[3]
+    assert passed == checks and rows["alice.py"].split()[2] == "of"
+    assert "2.000x stock's" in rows["bob.py"] and "summed, not averaged" in rows["bob.py"]
+    assert "carol.py" in rows and "defines no NaiveDDP" in rows["carol.py"]
+    as_csv = run([sys.executable, "-m", "minddp", "grade", str(tmp_path), "--exercise", "naive",
+                  "--ranks", "2", "--csv"])
+    lines = as_csv.stdout.splitlines()
+    assert lines[0] == "file,check,passed,where,diagnosis"
+    assert any(line.startswith(str(tmp_path / "alice.py")) and ",True," in line for line in lines)
+    no_exercise = run([sys.executable, "-m", "minddp", "grade", str(tmp_path)])
+    assert no_exercise.returncode == 2 and "--exercise NAME" in no_exercise.stderr
+
+
 def test_minddp_exercise_makes_the_folder_it_is_given(tmp_path):
     from minddp.tools.exercises import main
     assert main(["naive", str(tmp_path / "exercises")]) == 0  # docs/grade.md's first command

@@ -5,6 +5,7 @@
     minddp grade exercises/naive.py --ranks 1 2 3
     minddp grade minddp/naive.py                      # the lesson itself: every check passes
     minddp grade my_ddp.py --exercise naive --json    # one JSON report, for a teacher's tools
+    minddp grade submissions/ --exercise naive        # a folder: one table, a row per file
 
 The file is loaded as the lesson it replaces (its relative imports reach minddp's other
 lessons), on gloo ranks started here, one group of ranks per world size, each under a hard
@@ -19,6 +20,7 @@ check passes; 1 when one fails; 2 for a file or a flag the grader cannot use.
 
 import argparse
 import ast
+import csv
 import json
 import pathlib
 import sys
@@ -31,7 +33,8 @@ from .grade_run import run_world
 
 def parse(argv=None):
     parser = argparse.ArgumentParser(prog="minddp grade", description=__doc__.split("\n")[0])
-    parser.add_argument("file", help="the student's file (a lesson file, rewritten)")
+    parser.add_argument("file", help="the student's file (a lesson file, rewritten), or a"
+                                     " folder of them (with --exercise): one table")
     parser.add_argument("--exercise", choices=list(EXERCISES),
                         help="which exercise (default: the one whose names the file defines)")
     parser.add_argument("--ranks", nargs="+", type=int, help="world sizes to grade at")
@@ -39,6 +42,8 @@ def parse(argv=None):
                         help="seconds the checks of a world size may take once its ranks have"
                              " started, before they count as stuck")
     parser.add_argument("--json", action="store_true", help="one JSON report on stdout")
+    parser.add_argument("--csv", action="store_true",
+                        help="a folder's table as CSV: a row per file and check")
     return parser.parse_args(argv)
 
 
@@ -115,27 +120,68 @@ def report(file, name, results):
     return "\n".join(lines)
 
 
+def grade(file, name, ranks, timeout):
+    """[each check's result] for one student's file (UsageError: a file the grader cannot use)."""
+    bad = [r for r in ranks if r not in EXERCISES[name].allowed]
+    if bad:
+        raise UsageError(f"--ranks {bad[0]}: exercise {name!r} is checked at"
+                         f" {', '.join(map(str, EXERCISES[name].allowed))} ranks",
+                         hint=f"--ranks {' '.join(map(str, EXERCISES[name].ranks))}")
+    try:
+        student = load(file, EXERCISES[name].lesson)
+    except Exception:  # it does not import: each rank reports where, below
+        student = None
+    if student is not None:
+        check_signatures(student, name)
+    results = []
+    for world_size in ranks:
+        results += run_world(file, name, world_size, timeout)
+    return results
+
+
+def grade_folder(folder, args):
+    """A teacher's table: every .py file in `folder` graded for --exercise; exit 0 if all pass."""
+    if args.exercise is None:
+        raise UsageError(f"{folder} is a folder: its files are graded for one exercise",
+                         hint=f"minddp grade {folder} --exercise NAME")
+    rows, reports = [], []
+    for file in sorted(folder.glob("*.py")):
+        try:
+            name = exercise_of(file, args.exercise)
+            results = grade(file, name, args.ranks or EXERCISES[name].ranks, args.timeout)
+        except UsageError as refused:
+            results = [{"check": "the file", "passed": False, "where": "",
+                        "diagnosis": refused.message}]
+        failed = [r for r in results if not r["passed"]]
+        rows.append([file.name, f"{len(results) - len(failed)} of {len(results)}",
+                     failed[0]["check"] if failed else "", failed[0]["diagnosis"] if failed else ""])
+        reports.append({"file": str(file), "passed": not failed, "checks": results})
+    if args.json:
+        print(json.dumps({"exercise": args.exercise, "files": reports}, indent=1))
+    elif args.csv:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(["file", "check", "passed", "where", "diagnosis"])
+        for report_ in reports:
+            for r in report_["checks"]:
+                writer.writerow([report_["file"], r["check"], r["passed"], r["where"],
+                                 r["diagnosis"]])
+    else:
+        from tabulate import tabulate
+        print(f"graded {folder}: exercise {args.exercise!r}, {len(rows)} files")
+        print(tabulate(rows, headers=["file", "checks passed", "first failed", "diagnosis"]))
+    return 0 if rows and all(r["passed"] for r in reports) else 1
+
+
 def main(argv=None):
     from ..run.errors import exit_on_usage_error
     args = parse(argv)
     file = pathlib.Path(args.file)
     with exit_on_usage_error():
+        if file.is_dir():
+            return grade_folder(file, args)
         name = exercise_of(file, args.exercise)
         ranks = args.ranks or EXERCISES[name].ranks
-        bad = [r for r in ranks if r not in EXERCISES[name].allowed]
-        if bad:
-            raise UsageError(f"--ranks {bad[0]}: exercise {name!r} is checked at"
-                             f" {', '.join(map(str, EXERCISES[name].allowed))} ranks",
-                             hint=f"--ranks {' '.join(map(str, EXERCISES[name].ranks))}")
-        try:
-            student = load(file, EXERCISES[name].lesson)
-        except Exception:  # it does not import: each rank reports where, below
-            student = None
-        if student is not None:
-            check_signatures(student, name)
-    results = []
-    for world_size in ranks:
-        results += run_world(file, name, world_size, args.timeout)
+        results = grade(file, name, ranks, args.timeout)
     if args.json:
         print(json.dumps({"file": str(file), "exercise": name, "ranks": list(ranks),
                           "passed": all(r["passed"] for r in results), "checks": results},
