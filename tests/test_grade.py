@@ -277,10 +277,46 @@ def test_a_folder_of_students_files_is_one_table(tmp_path):
     as_csv = run([sys.executable, "-m", "minddp", "grade", str(tmp_path), "--exercise", "naive",
                   "--ranks", "2", "--csv"])
     lines = as_csv.stdout.splitlines()
-    assert lines[0] == "file,check,passed,where,diagnosis"
-    assert any(line.startswith(str(tmp_path / "alice.py")) and ",True," in line for line in lines)
+    assert lines[0] == "file,check,outcome,where,diagnosis"
+    assert any(line.startswith(str(tmp_path / "alice.py")) and ",passed," in line for line in lines)
     no_exercise = run([sys.executable, "-m", "minddp", "grade", str(tmp_path)])
     assert no_exercise.returncode == 2 and "--exercise NAME" in no_exercise.stderr
+
+
+SCALE = "        grad.mul_(1.0 / self.world_size)\n"
+RIGHT_BUT_NOT_STOCKS = {  # name: (NaiveDDP's scaling line replaced by, what the grader names)
+    "divide": ("        grad.div_(self.world_size)\n", "you divide each gradient"),
+    "sum, then divide": ("", "you sum, then divide"),
+    "the lesson's own": (SCALE, "one all_reduce per parameter"),
+}
+
+
+def test_right_averages_that_are_not_stocks_bits_are_correct_and_a_wrong_one_fails(tmp_path):
+    """At 3 ranks x / 3 and x * (1/3) round apart: each right way is `correct` (exit 0), the
+    difference named; a gradient 2^-20 off is beyond the bound of any order: failed."""
+    lesson = (REPO / "minddp" / "naive.py").read_text()
+    reduce = "op=dist.ReduceOp.SUM, group=self.process_group)\n"
+    assert lesson.count(SCALE) == 1 and lesson.count(reduce) == 1
+    for name, (scaling, named) in RIGHT_BUT_NOT_STOCKS.items():
+        source = lesson.replace(SCALE, scaling)
+        if name == "sum, then divide":
+            source = source.replace(reduce, reduce + "            grad.div_(self.world_size)\n")
+        (tmp_path / "naive.py").write_text(source)
+        graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "naive.py"),
+                      "--ranks", "3", "--json"])
+        assert graded.returncode == 0, (name, graded.stdout[-3000:], graded.stderr[-2000:])
+        for check in json.loads(graded.stdout)["checks"]:
+            assert check["passed"] and check["outcome"] == "correct", (name, check)
+            assert "correct, not stock's bits" in check["diagnosis"] and named in \
+                check["diagnosis"], (name, check)
+    (tmp_path / "naive.py").write_text(lesson.replace(
+        SCALE, "        grad.mul_(1.0 / self.world_size * (1 + 2 ** -20))\n"))
+    graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "naive.py"),
+                  "--ranks", "3", "--json"])
+    assert graded.returncode == 1
+    for check in json.loads(graded.stdout)["checks"]:
+        assert not check["passed"] and "a wrong gradient, not a different order" in \
+            check["diagnosis"], check
 
 
 def test_minddp_exercise_makes_the_folder_it_is_given(tmp_path):

@@ -14,8 +14,10 @@ models and data and prints `passed` (bit for bit) or the first difference, with 
 rank, parameter and element, and a diagnosis (diagnosis.py): a factor of the world size,
 weights never copied from rank 0, a skipped average, a summation order, the optimizer... A
 rank that raises is reported at its line in the student's file; a rank stuck in a collective
-past --timeout, with the collective each rank was last in. Exit status 0 only when every
-check passes; 1 when one fails; 2 for a file or a flag the grader cannot use.
+past --timeout, with the collective each rank was last in. A DDP average that is not stock's
+bits but lies within the rounding bound of the exact average is `correct` (grade_bound.py).
+Exit status 0 only when every check passes or is correct; 1 when one fails; 2 for a file or
+a flag the grader cannot use.
 """
 
 import argparse
@@ -110,13 +112,17 @@ def report(file, name, results):
     lines = [f"graded {file}: exercise {name!r} (minddp/{exercise.lesson}.py) against"
              f" {exercise.against}"]
     for r in results:
-        lines.append(f"  {r['check']}: {'passed' if r['passed'] else 'FAILED'}"
-                     + (f" ({r['where']})" if r["passed"] and r["where"] else ""))
-        if not r["passed"]:
+        outcome = outcome_of(r)
+        lines.append(f"  {r['check']}: {outcome if r['passed'] else 'FAILED'}"
+                     + (f" ({r['where']})" if outcome == "passed" and r["where"] else ""))
+        if outcome != "passed":
             lines += [f"      at:        {r['where']}", f"      diagnosis: {r['diagnosis']}"]
     passed = sum(r["passed"] for r in results)
+    bitwise = sum(outcome_of(r) == "passed" for r in results)
     lines.append(f"verdict: {passed} of {len(results)} checks passed"
-                 + (": every one, bit for bit" if passed == len(results) else ""))
+                 + (": every one, bit for bit" if bitwise == len(results) else
+                    f" ({passed - bitwise} correct, not stock's bits)" if passed > bitwise
+                    else ""))
     return "\n".join(lines)
 
 
@@ -153,23 +159,30 @@ def grade_folder(folder, args):
             results = [{"check": "the file", "passed": False, "where": "",
                         "diagnosis": refused.message}]
         failed = [r for r in results if not r["passed"]]
-        rows.append([file.name, f"{len(results) - len(failed)} of {len(results)}",
+        correct = sum(outcome_of(r) == "correct" for r in results)
+        rows.append([file.name, f"{len(results) - len(failed)} of {len(results)}"
+                     + (f" ({correct} correct)" if correct else ""),
                      failed[0]["check"] if failed else "", failed[0]["diagnosis"] if failed else ""])
         reports.append({"file": str(file), "passed": not failed, "checks": results})
     if args.json:
         print(json.dumps({"exercise": args.exercise, "files": reports}, indent=1))
     elif args.csv:
         writer = csv.writer(sys.stdout)
-        writer.writerow(["file", "check", "passed", "where", "diagnosis"])
+        writer.writerow(["file", "check", "outcome", "where", "diagnosis"])
         for report_ in reports:
             for r in report_["checks"]:
-                writer.writerow([report_["file"], r["check"], r["passed"], r["where"],
+                writer.writerow([report_["file"], r["check"], outcome_of(r), r["where"],
                                  r["diagnosis"]])
     else:
         from tabulate import tabulate
         print(f"graded {folder}: exercise {args.exercise!r}, {len(rows)} files")
         print(tabulate(rows, headers=["file", "checks passed", "first failed", "diagnosis"]))
     return 0 if rows and all(r["passed"] for r in reports) else 1
+
+
+def outcome_of(result):
+    """passed (stock's bits), correct (right within a stated bound, grade_bound.py), failed."""
+    return result.get("outcome", "passed" if result["passed"] else "failed")
 
 
 def main(argv=None):

@@ -1,0 +1,94 @@
+"""Right, but not stock's bits: an averaged gradient judged against its exact value.
+
+    minddp grade exercises/naive.py --ranks 3     # "correct", with what differs from stock
+
+Data parallelism's gradient is (1/W) sum_r g_r: W float32 numbers added in some order and
+scaled once. Every order and either scaling (x / W, or x * (1/W) as stock does) is right,
+and each rounds differently: bits cannot tell a right average from stock's. So a gradient
+that is not stock's bit for bit is judged against the exact average instead (the same
+ranks' gradients, summed in float64), within a bound that holds for any order. Added in
+float32 in any order, W terms carry an error of at most gamma(W-1) sum_r |g_r / W| (gamma(k)
+= k u / (1 - k u), u = 2^-24: Higham, "Accuracy and Stability of Numerical Algorithms",
+4.2); scaling each term first adds 2u of each, scaling the sum last u of it. So
+
+    |yours - exact| <= (W + 2) u sum_r |g_r| / W    for every element (BOUND_UNITS = W + 2).
+
+Each step is judged from the student's own weights: every rank computes its local gradient
+on a plain copy of its model before the step, so one rounding difference in step 0 does not
+become a failure in step 2. A DDP also keeps its replicas equal: every rank's gradient and
+weights the same. Within the bound, equal on every rank, at every step: correct. What
+differs from stock is named by trying the usual right ways on the same gradients.
+"""
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+U = 2.0 ** -24  # float32's unit roundoff
+
+
+def local_gradients(plain, module, x, y, loss_fn):
+    """{name: this rank's own gradient}, from a plain copy of `module`'s weights now."""
+    plain.load_state_dict(module.state_dict())
+    plain.zero_grad()
+    loss_fn(plain(x), y).backward()
+    return {n: None if p.grad is None else p.grad.detach().clone()
+            for n, p in plain.named_parameters()}
+
+
+def right_ways(grads, world_size):
+    """Collective: {way: {name: the averaged gradient}} for the usual right ways, each one
+    all_reduce per parameter: what a student's result is recognised as."""
+    ways = {"x / W": {}, "sum / W": {}, "x * (1/W)": {}}
+    for name, g in grads.items():
+        if g is None:
+            continue
+        for way, before, after in (("x / W", g / world_size, None),
+                                   ("sum / W", g.clone(), world_size),
+                                   ("x * (1/W)", g * (1.0 / world_size), None)):
+            dist.all_reduce(before)
+            ways[way][name] = (before if after is None else before / after).numpy()
+    return ways
+
+
+NOTES = {
+    "x / W": "you divide each gradient by the world size (x / W); stock multiplies by 1/W (x *"
+             " (1/W)), and the two round differently: multiply by 1.0 / world_size for stock's"
+             " bits",
+    "sum / W": "you sum, then divide; stock scales each rank's gradient by 1/W before the sum:"
+               " scale first for stock's bits",
+    "x * (1/W)": "stock's arithmetic, one all_reduce per parameter: stock all-reduces buckets"
+                 " of many, and gloo adds the ranks in an order set by where an element sits"
+                 " in the buffer",
+}
+
+
+def judge(yours, locals_, ways, world_size):
+    """(correct, where, what): yours[step][rank], locals_[step][rank] and ways[step][rank]
+    as gathered from every rank."""
+    units_seen, matched = 0.0, set(NOTES)
+    for step, (mine, theirs) in enumerate(zip(yours, locals_)):
+        for name in mine[0]:
+            if mine[0][name] is None:
+                continue
+            parts = np.stack([t[name] for t in theirs]).astype(np.float64)
+            exact = parts.sum(0) / world_size
+            scale = np.abs(parts).sum(0) / world_size
+            for rank in range(world_size):
+                got = mine[rank][name]
+                if not np.array_equal(got, mine[0][name]):
+                    return (False, f"step {step}, rank {rank}, {name}",
+                            f"rank {rank}'s gradient is not rank 0's: the replicas part")
+                gap = np.abs(got.astype(np.float64) - exact)
+                units = float((gap / np.maximum(U * scale, np.finfo(np.float64).tiny)).max())
+                units_seen = max(units_seen, units)
+                if units > world_size + 2:
+                    return (False, f"step {step}, rank {rank}, {name}",
+                            f"{units:.3g} units of u x sum|g_r|/W from the exact average, where"
+                            f" any order of the sum stays within {world_size + 2}: a wrong"
+                            f" gradient, not a different order")
+            matched &= {w for w in NOTES if np.array_equal(mine[0][name], ways[step][0][w][name])}
+    way = next(iter(sorted(matched)), None)
+    what = NOTES[way] if way else "the same sum in another order than stock's"
+    return True, "", (f"correct, not stock's bits: within {units_seen:.2g} of the {world_size + 2}"
+                      f" units any order allows, the same on every rank, at every step; {what}")
