@@ -26,6 +26,7 @@ from torch import nn
 from .backends import move_to_device
 from .broadcast import broadcast_buffers, broadcast_parameters, check_same_model
 from .bucket_layout import Bucket, assign_buckets, bucket_size_limits, check_bucketable
+from .collectives import chosen  # whose all_reduce: torch's, or chapter 0's (--collectives)
 from .grad_hooks import at_end_of_backward, missing_gradients_error, weakly
 from .groups import global_rank
 from .naive import NaiveDDP
@@ -144,7 +145,7 @@ class BucketedDDP(nn.Module):
             return None
         # async_op: returns at once; the reduction runs in the backend's own thread
         # while autograd goes on computing the earlier layers' gradients.
-        return dist.all_reduce(bucket.flat, group=self.process_group, async_op=True)
+        return chosen.all_reduce(bucket.flat, group=self.process_group, async_op=True)
 
     def _wait_for_bucket(self, bucket, position):
         if bucket.work is not None:

@@ -24,13 +24,13 @@ from torch import nn
 
 from .backends import move_to_device
 from .broadcast import broadcast_buffers, broadcast_parameters, check_same_model
+from .collectives import chosen  # whose all_reduce: torch's, or chapter 0's (--collectives)
 from .grad_hooks import at_end_of_backward, missing_gradients_error, weakly
 from .usage_error import UsageError
 
 
 class NaiveDDP(nn.Module):
     """DDP with one blocking all_reduce per parameter: the teaching baseline.
-
     Collective: call on every rank."""
 
     def __init__(self, module, device_ids=None, broadcast_buffers=True, init_sync=True,
@@ -101,7 +101,7 @@ class NaiveDDP(nn.Module):
         if self.world_size > 1:
             # Blocking, and safe: autograd walks the same graph in the same order on every
             # rank, so the ranks' all_reduces pair up parameter by parameter.
-            dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.process_group)
+            chosen.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.process_group)
 
     def _end_of_backward(self):
         arrived, self._arrived, self._sync_this_backward = self._arrived, set(), False

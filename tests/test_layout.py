@@ -2,11 +2,13 @@
 
     pytest tests/test_layout.py
 
-- `ls minddp/` shows the lessons, __init__.py/__main__.py and at most four folders.
-- Every lesson file is at most 180 lines, docstring included.
-- The layering, read from the source (ast): a lesson imports only other lessons and the
-  package's one error type (`from . import UsageError`), never the drop-in, the instruments,
-  the benchmarks or the run support; and the FSDP lesson carries none of the drop-in's parts.
+- `ls minddp/` shows the lessons, __init__.py/__main__.py, the chapter folders of lessons
+  (collectives/: chapter 0) and four folders besides.
+- Every lesson file is at most 180 lines, docstring included, a chapter's too.
+- The layering, read from the source (ast): a lesson imports only other lessons (a chapter's:
+  its own chapter's and the top level's) and the package's one error type (`from . import
+  UsageError`), never the drop-in, the instruments, the benchmarks or the run support; and
+  the FSDP lesson carries none of the drop-in's parts.
 - The front door (`minddp/__init__.py`) is a table of public names, each listed once; no
   lesson imports it, and it installs no import hook.
 - Every public name resolves to the module that defines it.
@@ -25,6 +27,9 @@ from helpers import REPO
 PACKAGE = REPO / "minddp"
 LESSONS = sorted(p.stem for p in PACKAGE.glob("*.py") if not p.name.startswith("__"))
 FOLDERS = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
+CHAPTERS = ["collectives"]  # folders of lessons: chapter 0
+CHAPTER_LESSONS = sorted(f"{c}/{p.stem}" for c in CHAPTERS for p in (PACKAGE / c).glob("*.py")
+                         if not p.name.startswith("__"))
 
 
 def test_the_top_level_is_the_lessons():
@@ -35,13 +40,13 @@ def test_the_top_level_is_the_lessons():
                             "mesh_plan", "compose", "clip", "pp_interleaved",
                             "pp_zero_bubble", "pp_v", "recompute", "blockwise", "context",
                             "context_parallel", "ring", "experts", "ep"}
-    assert FOLDERS == ["bench", "dropin", "run", "tools"]
+    assert FOLDERS == ["bench", "collectives", "dropin", "run", "tools"]
     for folder in FOLDERS:  # each opens with a paragraph saying what it holds and for whom
         doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text()))
         assert doc and len(doc.splitlines()) >= 3, folder
 
 
-@pytest.mark.parametrize("lesson", LESSONS)
+@pytest.mark.parametrize("lesson", LESSONS + CHAPTER_LESSONS)
 def test_a_lesson_is_lesson_sized(lesson):
     assert len((PACKAGE / f"{lesson}.py").read_text().splitlines()) <= 180
 
@@ -64,7 +69,7 @@ def _minddp_imports(path, root=REPO):
                     yield alias.name, []
 
 
-@pytest.mark.parametrize("lesson", LESSONS)
+@pytest.mark.parametrize("lesson", LESSONS + CHAPTER_LESSONS)
 def test_a_lesson_breathes(lesson):
     # A lesson near its size is a sign to move code out, never to compress it: no statements
     # packed with semicolons, and lines past 95 columns a rare exception.
@@ -77,12 +82,14 @@ def test_a_lesson_breathes(lesson):
     assert len(wide) <= 5, f"{lesson}.py: {len(wide)} lines past 95 columns ({wide})"
 
 
-@pytest.mark.parametrize("lesson", LESSONS)
+@pytest.mark.parametrize("lesson", LESSONS + CHAPTER_LESSONS)
 def test_a_lesson_imports_only_lessons_never_the_front_door(lesson):
     for module, names in _minddp_imports(PACKAGE / f"{lesson}.py"):
         assert module != "minddp" or set(names) <= set(LESSONS), (lesson, names)  # a lesson
-        if module != "minddp":
-            assert module.split(".")[1] in LESSONS, f"{lesson}.py imports {module}"
+        if module != "minddp":  # a top-level lesson, or a chapter (a chapter: its own)
+            assert module.split(".")[1] in LESSONS + CHAPTERS, f"{lesson}.py imports {module}"
+            if "/" in lesson and module.split(".")[1] in CHAPTERS:
+                assert module.split(".")[1] == lesson.split("/")[0], (lesson, module)
         assert not (module == "minddp" and set(names) & set(minddp.PUBLIC) - set(LESSONS)), \
             f"{lesson}.py imports {names} from the front door"
 

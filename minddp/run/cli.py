@@ -100,6 +100,11 @@ def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=Fal
         parser.add_argument("--timeline", metavar="PATH",
                             help="record backward and each bucket's all-reduce"
                                  " to a Chrome trace at PATH")
+    if timeline or accumulate or restart:  # the examples that wrap with BucketedDDP
+        parser.add_argument("--collectives", default="torch", choices=["torch", "minddp"],
+                            help="whose all_reduce minddp's DDP classes call: torch's, or"
+                                 " chapter 0's, by hand from send/recv (minddp/collectives/);"
+                                 " stock DDP's C++ reducer calls gloo's either way")
     if tp:
         parser.add_argument("--tp", default="manual", choices=["manual", "stock"],
                             help="split with minddp's parallelize_module or stock PyTorch's")
@@ -239,6 +244,9 @@ def _checked(parser, argv):
     if getattr(args, "step_delay", 0) < 0:
         raise UsageError(f"--step-delay {args.step_delay:g}: must be 0 or more",
                          hint="e.g. --step-delay 0.5", same_on_every_rank=True)
+    if getattr(args, "collectives", "torch") == "minddp":
+        from ..collectives import chosen  # (torch loads here, once every flag has passed)
+        chosen.use("minddp")  # naive.py and bucketed.py call chapter 0's ring from now on
     return args
 
 

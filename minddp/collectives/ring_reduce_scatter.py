@@ -1,0 +1,102 @@
+"""reduce_scatter: the ranks' tensors summed, each rank keeping one 1/W of the sum, round a ring.
+
+    pytest tests/test_collectives.py -k reduce_scatter
+
+Each rank's tensor is cut into W blocks. In the first step every rank sends one of its own
+blocks to the rank before it (rank - 1, gloo's direction) and receives a block from the rank
+after it, which it adds to its own copy of that block; in every further step it sends on
+the partial sum it made in the step before. Block b starts at rank b - 1 and is added to
+at ranks b - 2, b - 3, ..., b, so rank b holds the complete sum of block b after W - 1 steps,
+added up in this order (gloo's, see ring_all_reduce.py):
+    x_b + (x_{b+1} + (... + (x_{b-2} + x_{b-1})))      x_r: rank r's copy of block b
+Each rank sends W - 1 blocks, (W-1)/W of the tensor, whatever W is.
+gloo's reduce_scatter_tensor is its all_reduce, cut: it sums each element in the order of
+the block of gloo's layout it falls in (ring_all_reduce.py), so ours has its bits wherever those
+blocks are this function's (an even size per rank, small or large, in docs/collectives.md);
+elsewhere the two part by an ulp or so on a few elements, and ours equals the sum above.
+ring_reduce_scatter() is also the first half of the ring all_reduce (ring_all_reduce.py).
+"""
+
+import torch
+
+from ..groups import is_member
+from .checks import check_count, check_same_shape, check_tensor
+from .ops import ReduceOp, check_op, combine, finish
+from .p2p import exchange, rank_and_size
+from .work import launch
+
+
+def ring_reduce_scatter(blocks, op, group):
+    """Collective: call on every rank. Reduce block b over the ranks onto rank b, in place.
+
+    `blocks`: this rank's W tensors, the same sizes on every rank; on return blocks[rank]
+    holds the reduction (not yet finished: AVG still divides, ops.finish)."""
+    rank, size = rank_and_size(group)
+    if size == 1:
+        return
+    to, came_from = (rank - 1) % size, (rank + 1) % size
+    incoming = torch.empty(max(b.numel() for b in blocks), dtype=blocks[0].dtype,
+                           device=blocks[0].device)
+    for step in range(size - 1):
+        mine = blocks[(rank + step + 2) % size]  # the block whose partial sum comes in now
+        arrived = incoming[:mine.numel()]
+        # Out goes the partial sum made in the step before (at step 0: my own block).
+        exchange(group, sends=[(blocks[(rank + step + 1) % size], to)],
+                 receives=[(arrived, came_from)])
+        combine(op, mine, arrived)  # mine <- mine + theirs: x_me + (what came after me)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduce `input` over the ranks; keep group rank r's 1/W of the result in `output`.
+
+    Collective: call on every rank. Stock's signature (dist.reduce_scatter_tensor)."""
+    if not is_member(group):
+        return None
+    rank, size = rank_and_size(group)
+    for tensor in (output, input):
+        check_tensor(tensor, "reduce_scatter_tensor")
+    check_op(op, "reduce_scatter_tensor")
+    check_count("reduce_scatter_tensor", input.numel(), size * output.numel(),
+                "input elements (W times the output's)")
+    return launch(_into_output, (output, input, op, group), [output], async_op)
+
+
+def _into_output(output, input, op, group):
+    rank, size = rank_and_size(group)
+    check_same_shape(input, group, "reduce_scatter_tensor")
+    if output.numel() == 0:
+        return
+    work = input.reshape(-1).clone()  # the caller's input stays as it was
+    blocks = list(work.split(max(1, output.numel())))[:size]
+    ring_reduce_scatter(blocks, op, group)
+    output.view(-1).copy_(blocks[rank])
+    finish(op, output, size)
+
+
+reduce_scatter_single = reduce_scatter_tensor  # torch 2.13's name for it
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduce input_list[r] over the ranks into group rank r's `output`.
+
+    Collective: call on every rank. Stock's signature (torch.distributed.reduce_scatter)."""
+    if not is_member(group):
+        return None
+    rank, size = rank_and_size(group)
+    check_tensor(output, "reduce_scatter")
+    check_op(op, "reduce_scatter")
+    check_count("reduce_scatter", len(input_list), size, "input tensors")
+    for tensor in input_list:
+        check_tensor(tensor, "reduce_scatter")
+        check_count("reduce_scatter", tuple(tensor.shape), tuple(output.shape),
+                    "(an input's shape)")
+    return launch(_from_list, (output, list(input_list), op, group), [output], async_op)
+
+
+def _from_list(output, input_list, op, group):
+    rank, size = rank_and_size(group)
+    check_same_shape(output, group, "reduce_scatter")
+    blocks = [tensor.clone() for tensor in input_list]
+    ring_reduce_scatter(blocks, op, group)
+    output.copy_(blocks[rank])
+    finish(op, output, size)

@@ -1,0 +1,546 @@
+"""Chapter 0 (minddp/collectives/) against gloo's own collectives, bit for bit.
+
+    pytest tests/test_collectives.py
+
+In the shared spawns of 2, 3 and 4 ranks (and 8, one small case), on random values spread
+over 2^-20 .. 2^20 so that another order of additions shows in the bits, in float32,
+bfloat16 and float64, at sizes that divide into the ranks and sizes that do not:
+- gloo's order: probe values for which each order gives other bits show that gloo's
+  all_reduce sums block b (its blocks: all_reduce.gloo_blocks, small and large tensors) as
+  x_b + (x_{b+1} + (... + x_{b-1})); its reduce and reduce_scatter_tensor sum as it does.
+- every collective `torch.equal` to gloo's on every rank: all_reduce (SUM, AVG, PRODUCT,
+  MIN, MAX), broadcast (tree, chain), reduce, all_gather (both forms), reduce_scatter_tensor
+  (where gloo's blocks are the pieces: an even size per rank), all_to_all (both forms);
+  on the world and on a group without global rank 0; async_op's Work too.
+- the tree and halving-doubling: `torch.equal` to the same additions made in one process in
+  their order, and within the textbook bound of gloo's (how far: docs/collectives.md);
+  reduce_scatter where gloo's blocks are not the pieces, and the list form: the ring's order.
+- bytes each rank sends = cost.sent_bytes, counted at dist.batch_isend_irecv.
+- the refusals: one line, on every rank alike.
+- NaiveDDP and BucketedDDP on chapter 0's all_reduce: stock DDP's gradients bit for bit;
+  examples/manual_ddp.py --collectives minddp: its table IDENTICAL to stock's at 3 ranks;
+  examples/break_collectives.py: each break named, the hang at --timeout.
+"""
+
+import contextlib
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import minddp.collectives as mine
+from helpers import REPO, assert_identical_tables, share_spawn, shared_results, torchrun, \
+    usage_errors
+from minddp.collectives import checks, chosen, cost
+from minddp.collectives.ring_all_reduce import gloo_blocks
+
+SUM, AVG, PRODUCT, MIN, MAX = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT,
+                               dist.ReduceOp.MIN, dist.ReduceOp.MAX)
+DTYPES = [torch.float32, torch.bfloat16, torch.float64]
+# Probe values: each rotation of the ring's order gives other float32 bits (W = 3, 4).
+PROBES = {3: [1.0, 2.0 ** -24, -3 * 2.0 ** -25], 4: [1.0, -1.0, 5 * 2.0 ** -25, 2.0 ** -24]}
+
+
+def _values(rank, n, dtype, seed=0):
+    g = torch.Generator().manual_seed(1000 * seed + 17 * rank + n)
+    spread = 2.0 ** torch.randint(-20, 21, (n,), generator=g).double()
+    return (torch.randn(n, generator=g, dtype=torch.float64) * spread).to(dtype)
+
+
+def _gathered(x, group=None):
+    everyone = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, x, group=group)
+    return everyone
+
+
+def ring_order(xs, blocks):
+    """Block b of the sum as the ring adds it: x_b + (x_{b+1} + (... + x_{b-1})), in one
+    process; `blocks`: (start, end) per rank."""
+    size, out = len(xs), torch.empty_like(xs[0])
+    for b, (start, end) in enumerate(blocks):
+        acc = xs[(b - 1) % size][start:end].clone()
+        for back in range(2, size + 1):
+            acc = xs[(b - back) % size][start:end] + acc
+        out[start:end] = acc
+    return out
+
+
+def gloo_layout(n, element_size, size):
+    """gloo's ring blocks, from docs/collectives.md's formula: (start, end) per rank."""
+    segments = max(-(-n * element_size // 2 ** 20), 2 * size)
+    segments = -(-segments // size) * size
+    per_block = -(-n // segments) * (segments // size)
+    return [(min(n, b * per_block), min(n, (b + 1) * per_block)) for b in range(size)]
+
+
+def tree_order(xs):
+    """Pairwise, neighbours first: (x0 + x1) + (x2 + x3), in one process."""
+    partial, step = [x.clone() for x in xs], 1
+    while step < len(partial):
+        for r in range(0, len(partial) - step, 2 * step):
+            partial[r] = partial[r] + partial[r + step]
+        step *= 2
+    return partial[0]
+
+
+def halving_doubling_order(xs):
+    """The first 2e ranks folded in pairs (e = W - the largest power of two), then the tree."""
+    power = 1 << (len(xs).bit_length() - 1)
+    extra = len(xs) - power
+    folded = [xs[2 * v] + xs[2 * v + 1] for v in range(extra)] + list(xs[2 * extra:])
+    return tree_order(folded)
+
+
+# ---- gloo's order, found with probe values -------------------------------------------------
+
+def _probe(rank, world_size):
+    """{n: (gloo's result equals the ring order on gloo's blocks, and no other rotation's,
+    at every element; ours equals gloo's)} for small and large n (float32)."""
+    found = {}
+    for n in (7, 10, 2 ** 21 + 5):  # the last: 8 MiB, more than two 1 MiB segments a rank
+        x = torch.full((n,), PROBES[world_size][rank])
+        theirs, ours = x.clone(), x.clone()
+        dist.all_reduce(theirs)
+        mine.all_reduce(ours)
+        xs = _gathered(x)
+        blocks = gloo_layout(n, 4, world_size)
+        expected = ring_order(xs, blocks)
+        other = [ring_order(xs, [(0, n) if b == k else (0, 0) for b in range(world_size)])
+                 for k in range(world_size)]  # every element summed as block k
+        alone = all(not torch.equal(other[k][:1], other[j][:1])
+                    for k in range(world_size) for j in range(k))
+        found[n] = (alone, torch.equal(theirs, expected), torch.equal(ours, theirs),
+                    [(start, end) for start, end in blocks])
+    return found
+
+
+share_spawn(_probe, [3, 4])
+
+
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_gloo_sums_each_block_in_ring_order_and_ours_does_too(world_size):
+    for rank, found in enumerate(shared_results(_probe, world_size)):
+        for n, (alone, gloos, ours, blocks) in found.items():
+            assert alone, "the probe values must tell every rotation apart"
+            assert gloos, (rank, n, blocks)
+            assert ours, (rank, n)
+
+
+def test_gloo_blocks_are_the_documented_layout():
+    # 7 elements on 3 ranks: 4, 3, 0 (not ceil(7/3) = 3 each); 8 MiB + 20 bytes on 3 ranks:
+    # 9 segments, 3 a rank, of 233018 elements: blocks of 699054, the last 699049.
+    assert [len(b) for b in gloo_blocks(torch.zeros(7), 3)] == [4, 3, 0]
+    assert [len(b) for b in gloo_blocks(torch.zeros(2 ** 21 + 5), 3)] == [699054, 699054,
+                                                                          699049]
+    for n, size in [(7, 3), (10, 4), (1001, 8), (2 ** 21 + 5, 3), (3 * 2 ** 20, 4)]:
+        got = gloo_blocks(torch.zeros(n, dtype=torch.bfloat16), size)
+        assert [len(b) for b in got] == [e - s for s, e in gloo_layout(n, 2, size)]
+
+
+# ---- every collective against gloo's, bit for bit ------------------------------------------
+
+def _reductions(rank, group, n, dtype):
+    """{case: torch.equal(ours, gloo's)} for the reducing collectives on one input."""
+    size = dist.get_world_size(group)
+    x, same = _values(rank, n, dtype), {}
+    for op in (SUM, AVG, PRODUCT, MIN, MAX):
+        theirs, ours = x.clone(), x.clone()
+        dist.all_reduce(theirs, op=op, group=group)
+        mine.all_reduce(ours, op=op, group=group)
+        same[f"all_reduce {op.name}"] = torch.equal(theirs, ours)
+    last = dist.get_global_rank(group, size - 1) if group else size - 1
+    theirs, ours = x.clone(), x.clone()
+    dist.reduce(theirs, dst=last, group=group)
+    mine.reduce(ours, dst=last, group=group)
+    if dist.get_rank(group) == size - 1:
+        same["reduce"] = torch.equal(theirs, ours)
+    if n % 2 == 0:  # an even size per rank: gloo's blocks are the pieces
+        whole = _values(rank, n * size, dtype, seed=1)
+        theirs, ours = torch.empty_like(x), torch.empty_like(x)
+        dist.reduce_scatter_single(theirs, whole, group=group)
+        mine.reduce_scatter_tensor(ours, whole, group=group)
+        same["reduce_scatter_tensor"] = torch.equal(theirs, ours)
+    return same
+
+
+def _copies(rank, group, n, dtype):
+    """{case: torch.equal(ours, gloo's)} for the collectives that only move bits."""
+    size = dist.get_world_size(group)
+    x, same = _values(rank, n, dtype), {}
+    last = dist.get_global_rank(group, size - 1) if group else size - 1
+    for name, ours_fn in (("broadcast", mine.broadcast), ("chain", mine.chain_broadcast)):
+        theirs, ours = x.clone(), x.clone()
+        dist.broadcast(theirs, src=last, group=group)
+        ours_fn(ours, src=last, group=group)
+        same[name] = torch.equal(theirs, ours)
+    theirs, ours = _gathered(x, group), [torch.empty_like(x) for _ in range(size)]
+    mine.all_gather(ours, x, group=group)
+    same["all_gather"] = all(map(torch.equal, theirs, ours))
+    flat = torch.empty(n * size, dtype=dtype)
+    mine.all_gather_into_tensor(flat, x, group=group)
+    same["all_gather_into_tensor"] = torch.equal(flat, torch.cat(theirs))
+    pieces = [_values(rank, n, dtype, seed=2 + r) for r in range(size)]
+    expected = [torch.empty(n, dtype=dtype) for _ in range(size)]
+    got = [torch.empty_like(t) for t in expected]
+    dist.all_to_all(expected, pieces, group=group)
+    mine.all_to_all(got, pieces, group=group)
+    same["all_to_all"] = all(map(torch.equal, expected, got))
+    me = dist.get_rank(group)
+    splits = [me + peer + 1 for peer in range(size)]  # uneven: rank i sends rank j i + j + 1
+    rows = _values(rank, 2 * sum(splits), dtype, seed=3).view(-1, 2)
+    theirs, ours = torch.empty_like(rows), torch.empty_like(rows)
+    dist.all_to_all_single(theirs, rows, splits, splits, group=group)
+    mine.all_to_all_single(ours, rows, splits, splits, group=group)
+    same["all_to_all_single"] = torch.equal(theirs, ours)
+    return same
+
+
+def _against_gloo(rank, world_size, subgroup=False):
+    """{(n, dtype): {case: equal}} on the world, or on the ranks but global rank 0."""
+    group = dist.new_group(list(range(1, world_size))) if subgroup else None
+    if subgroup and rank == 0:
+        return {}
+    size = dist.get_world_size(group)
+    sizes = (1, 4 * size, 4 * size + 1, 2 * size + 3, 70_002)  # 70 002 x 4 B: two chunks
+    results = {}
+    for n in sizes:
+        for dtype in DTYPES:
+            results[n, str(dtype)] = {**_reductions(rank, group, n, dtype),
+                                      **_copies(rank, group, n, dtype)}
+    return results
+
+
+share_spawn(_against_gloo, [2, 3, 4])
+share_spawn(_against_gloo, [3, 4], True, key="subgroup")
+
+
+def _check_all_equal(per_rank, expected_cases):
+    for rank, results in enumerate(per_rank):
+        for case, same in results.items():
+            assert expected_cases <= set(same) or rank == -1, (case, set(same))
+            assert all(same.values()), (rank, case, {k: v for k, v in same.items() if not v})
+
+
+EVERY = {"all_reduce SUM", "all_reduce AVG", "all_reduce PRODUCT", "all_reduce MIN",
+         "all_reduce MAX", "broadcast", "chain", "all_gather", "all_gather_into_tensor",
+         "all_to_all", "all_to_all_single"}
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_every_collective_is_bitwise_gloos(world_size):
+    per_rank = shared_results(_against_gloo, world_size)
+    _check_all_equal(per_rank, EVERY)
+    last = per_rank[-1]
+    assert all("reduce" in same for same in last.values())
+    assert sum("reduce_scatter_tensor" in same for same in last.values()) >= 6
+
+
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_every_collective_is_bitwise_gloos_on_a_group_without_rank_0(world_size):
+    per_rank = shared_results(_against_gloo, world_size, key="subgroup")
+    assert per_rank[0] == {}
+    _check_all_equal(per_rank[1:], EVERY)
+
+
+# ---- orders of their own: the tree, halving-doubling, reduce_scatter's pieces ---------------
+
+def _own_orders(rank, world_size):
+    """{(algorithm, n, dtype): (torch.equal to its order in one process, elements unlike
+    gloo's, the largest difference over the bound 2(W-1) u sum|x|)}."""
+    found = {}
+    for n in (4 * world_size, 4 * world_size + 1, 1001):
+        for dtype in DTYPES:
+            x = _values(rank, n, dtype)
+            xs, gloos = _gathered(x), x.clone()
+            dist.all_reduce(gloos)
+            unit = torch.finfo(dtype).eps / 2
+            bound = 2 * (world_size - 1) * unit * sum(t.double().abs() for t in xs)
+            for name, algorithm, order in (
+                    ("tree", mine.tree_all_reduce, tree_order),
+                    ("halving-doubling", mine.halving_doubling_all_reduce,
+                     halving_doubling_order)):
+                ours = x.clone()
+                algorithm(ours)
+                over = ((ours.double() - gloos.double()).abs() / bound.clamp_min(1e-300)).max()
+                found[name, n, str(dtype)] = (torch.equal(ours, order(xs)),
+                                              int((ours != gloos).sum()), over.item())
+            whole = _values(rank, n * world_size, dtype, seed=1)
+            pieces = [(r * n, (r + 1) * n) for r in range(world_size)]
+            expected = ring_order(_gathered(whole), pieces)[rank * n:(rank + 1) * n]
+            ours, listed = torch.empty_like(x), torch.empty_like(x)
+            mine.reduce_scatter_tensor(ours, whole)
+            mine.reduce_scatter(listed, list(whole.split(n)))
+            found["reduce_scatter", n, str(dtype)] = (
+                torch.equal(ours, expected) and torch.equal(listed, expected), 0, 0.0)
+    return found
+
+
+share_spawn(_own_orders, [2, 3, 4])
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_tree_and_halving_doubling_add_in_their_own_order(world_size):
+    for rank, found in enumerate(shared_results(_own_orders, world_size)):
+        for case, (own_order, unlike_gloo, over_bound) in found.items():
+            assert own_order, (rank, case)
+            assert over_bound <= 1.0, (rank, case, over_bound)  # a rounding, nothing worse
+            if world_size == 2:  # a + b is b + a: every order is gloo's
+                assert unlike_gloo == 0, (rank, case)
+        if world_size > 2:  # the orders differ, and it shows in the bits somewhere
+            assert any(unlike for (name, *_), (_, unlike, _) in found.items()
+                       if name == "tree"), rank
+
+
+def test_the_tree_and_halving_doubling_share_an_order_at_a_power_of_two():
+    xs = [_values(r, 64, torch.float32) for r in range(8)]
+    assert torch.equal(tree_order(xs), halving_doubling_order(xs))
+    assert not torch.equal(tree_order(xs[:3]), ring_order(xs[:3], [(0, 64), (0, 0), (0, 0)]))
+
+
+# ---- bytes: counted = the formula -----------------------------------------------------------
+
+@contextlib.contextmanager
+def _counting(counted):
+    """Add the bytes this rank hands to isend (through batch_isend_irecv) to counted[0]."""
+    original = dist.batch_isend_irecv
+
+    def counting(ops):
+        counted[0] += sum(op.tensor.numel() * op.tensor.element_size()
+                          for op in ops if op.op is dist.isend)
+        return original(ops)
+    dist.batch_isend_irecv = counting
+    try:
+        yield
+    finally:
+        dist.batch_isend_irecv = original
+
+
+def _bytes(rank, world_size):
+    """{algorithm: (bytes counted on this rank, cost.sent_bytes)} for 768 KiB of float32,
+    and the shape check's own bytes."""
+    n = 3 * 2 ** 16  # 786 432 bytes: 2W equal blocks at W = 2, 3, 4; three chain chunks
+    x = torch.ones(n)
+    nbytes = n * 4
+    calls = {
+        "ring all_reduce": lambda: mine.all_reduce(x.clone()),
+        "tree all_reduce": lambda: mine.tree_all_reduce(x.clone()),
+        "halving-doubling": lambda: mine.halving_doubling_all_reduce(x.clone()),
+        "all_gather": lambda: mine.all_gather_into_tensor(
+            torch.empty(n), x[:n // world_size]),
+        "reduce_scatter": lambda: mine.reduce_scatter_tensor(torch.empty(n // world_size), x),
+        "all_to_all": lambda: mine.all_to_all_single(torch.empty(n), x),
+        "reduce": lambda: mine.reduce(x.clone(), dst=0),
+        "tree broadcast": lambda: mine.broadcast(x.clone(), src=0),
+        "chain broadcast": lambda: mine.chain_broadcast(x.clone(), src=0),
+        "barrier": lambda: mine.barrier(),
+    }
+    found = {}
+    checks.SAME_SHAPE_CHECKED = False
+    try:
+        for name, call in calls.items():
+            counted = [0]
+            with _counting(counted):
+                call()
+            found[name] = (counted[0], cost.sent_bytes(name, nbytes, world_size, rank))
+    finally:
+        checks.SAME_SHAPE_CHECKED = True
+    counted = [0]
+    with _counting(counted):
+        checks.check_same_shape(x, None, "the count")  # (no collective is in flight)
+    found["shape check"] = (counted[0], (world_size - 1) * 9 * 8)  # 9 int64 to each peer
+    return found
+
+
+share_spawn(_bytes, [2, 3, 4])
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_bytes_each_rank_sends_are_the_formula(world_size):
+    for rank, found in enumerate(shared_results(_bytes, world_size)):
+        for name, (counted, formula) in found.items():
+            assert counted == formula, (rank, name, counted, formula)
+        ring = found["ring all_reduce"][0]
+        assert ring == 2 * (world_size - 1) * 786_432 // world_size  # 2(W-1)/W N
+
+
+def test_the_cost_model_counts_steps():
+    assert cost.steps("ring all_reduce", 1024, 8) == 14
+    assert cost.steps("tree all_reduce", 1024, 8) == 6
+    assert cost.steps("halving-doubling", 1024, 8) == 6
+    assert cost.steps("halving-doubling", 1024, 3) == 4  # fold, 1 halving, 1 doubling, back
+    assert cost.steps("chain broadcast", 2 ** 20, 4) == 4 + 2  # 4 chunks of 256 KiB
+    assert cost.path_bytes("ring all_reduce", 800, 8) == 1400
+
+
+# ---- refusals, async, 8 ranks ---------------------------------------------------------------
+
+def _refusals(rank, world_size):
+    x = torch.ones(6)
+    subgroup = dist.new_group([1, 2]) if world_size >= 3 else None
+    calls = [
+        ("premul", lambda: mine.all_reduce(x, op=dist._make_nccl_premul_sum(2.0))),
+        ("band", lambda: mine.all_reduce(x, op=dist.ReduceOp.BAND)),
+        ("strided", lambda: mine.all_reduce(torch.ones(4, 3).t())),
+        ("list", lambda: mine.all_gather([torch.empty(6)] * (world_size + 1), x)),
+        ("sizes", lambda: mine.reduce_scatter_tensor(torch.empty(4), x)),
+        ("shapes", lambda: mine.all_reduce(torch.ones(3 + rank))),
+        ("dtypes", lambda: mine.broadcast(x.to(torch.float64 if rank else torch.float32))),
+        ("after", lambda: mine.all_reduce(x.clone())),  # the group still works after them
+    ]
+    if subgroup is not None:
+        calls.append(("src", lambda: mine.broadcast(x, src=0, group=subgroup)))
+    return usage_errors(calls)
+
+
+share_spawn(_refusals, [2, 3])
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_mistakes_are_refused_in_one_line_on_every_rank(world_size):
+    per_rank = shared_results(_refusals, world_size)
+    for rank, said in enumerate(per_rank):
+        assert "ReduceOp.PREMUL_SUM" in said["premul"] and "gloo has none" in said["premul"]
+        assert "ReduceOp.BAND" in said["band"] and "integer" in said["band"]
+        assert "not contiguous" in said["strided"]
+        assert f"{world_size + 1} output tensors, expected {world_size}" in said["list"]
+        assert "input elements (W times the output's)" in said["sizes"]
+        assert said["shapes"] == ("all_reduce: the ranks' tensors differ: group rank 0 has"
+                                  " shape [3] (4-byte elements), group rank 1 has shape [4]"
+                                  " (4-byte elements) (hint: every rank must pass a tensor"
+                                  " of the same shape and dtype)")
+        assert "(4-byte elements), group rank 1 has shape [6] (8-byte" in said["dtypes"]
+        assert said["after"] is None
+        if world_size == 3:
+            assert (said["src"] is None) == (rank == 0), said  # rank 0: not in the group
+            if rank:
+                assert "global rank 0 is not in the group (its global ranks: [1, 2])" \
+                    in said["src"]
+        assert all("\n" not in text for text in said.values() if text)
+
+
+def _async(rank, world_size):
+    """Async calls, all in flight together, each torch.equal to the same call blocking."""
+    xs = [_values(rank, n, torch.float32, seed=n) for n in (5, 300, 4097)]
+    calls = [mine.all_reduce, mine.tree_all_reduce, mine.halving_doubling_all_reduce]
+    blocking = [x.clone() for x in xs]
+    for call, x in zip(calls, blocking):
+        call(x)
+    flying = [x.clone() for x in xs]
+    works = [call(x, async_op=True) for call, x in zip(calls, flying)]
+    gathered = [torch.empty(5) for _ in range(world_size)]
+    last = mine.all_gather(gathered, xs[0], async_op=True)
+    values = [w.get_future().wait()[0] for w in works]
+    return {"waited": [w.wait() for w in works + [last]] == [True] * 4,
+            "done": all(w.is_completed() for w in works + [last]),
+            "same": all(map(torch.equal, blocking, flying)),
+            "future": all(v is f for v, f in zip(values, flying)),
+            "gathered": all(map(torch.equal, gathered, _gathered(xs[0])))}
+
+
+share_spawn(_async, [3])
+
+
+def test_async_op_returns_a_work_that_wait_ends():
+    for rank, seen in enumerate(shared_results(_async, 3)):
+        assert all(seen.values()), (rank, seen)
+
+
+def _eight(rank, world_size):
+    """The small case at 8 ranks: the ring bit for bit gloo's, the tree and halving-doubling
+    their own order, all_gather and reduce_scatter gloo's."""
+    same = {}
+    for n in (1, 33, 1001):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = _values(rank, n, dtype)
+            xs, theirs = _gathered(x), x.clone()
+            dist.all_reduce(theirs)
+            ours, tree, halving = x.clone(), x.clone(), x.clone()
+            mine.all_reduce(ours)
+            mine.tree_all_reduce(tree)
+            mine.halving_doubling_all_reduce(halving)
+            gathered = torch.empty(n * 8, dtype=dtype)
+            mine.all_gather_into_tensor(gathered, x)
+            same[n, str(dtype)] = [torch.equal(ours, theirs), torch.equal(tree, tree_order(xs)),
+                                   torch.equal(halving, tree_order(xs)),
+                                   torch.equal(gathered, torch.cat(xs))]
+    whole = _values(rank, 8 * 6, torch.float32, seed=1)
+    theirs, ours = torch.empty(6), torch.empty(6)
+    dist.reduce_scatter_single(theirs, whole)
+    mine.reduce_scatter_tensor(ours, whole)
+    same["reduce_scatter_tensor"] = [torch.equal(theirs, ours)]
+    return same
+
+
+share_spawn(_eight, [8])
+
+
+def test_eight_ranks_in_one_small_case():
+    for rank, same in enumerate(shared_results(_eight, 8)):
+        for case, verdicts in same.items():
+            assert all(verdicts), (rank, case, verdicts)
+
+
+# ---- the DDP lessons on chapter 0's all_reduce ----------------------------------------------
+
+def _train(wrap, rank, steps=3):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16),
+                                torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    model = wrap(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    grads = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(8, 5, generator=g), torch.randint(0, 3, (8,), generator=g)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        grads.append([p.grad.clone() for p in model.module.parameters()])
+        opt.step()
+    return grads
+
+
+def _ddp(rank, world_size):
+    from minddp import BucketedDDP, NaiveDDP
+    runs = {"stock": _train(lambda m: DDP(m, bucket_cap_mb=0.001), rank),
+            "naive torch": _train(NaiveDDP, rank)}
+    chosen.use("minddp")
+    try:
+        runs["bucketed minddp"] = _train(lambda m: BucketedDDP(m, bucket_cap_mb=0.001), rank)
+        runs["naive minddp"] = _train(NaiveDDP, rank)
+    finally:
+        chosen.use("torch")
+    same = lambda a, b: all(map(torch.equal, sum(runs[a], []), sum(runs[b], [])))  # noqa: E731
+    return {"bucketed = stock": same("bucketed minddp", "stock"),
+            "naive = naive on torch's": same("naive minddp", "naive torch")}
+
+
+share_spawn(_ddp, [2, 3, 4])
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_the_ddp_lessons_on_chapter_0_give_stocks_gradients(world_size):
+    for rank, seen in enumerate(shared_results(_ddp, world_size)):
+        assert all(seen.values()), (rank, seen)
+
+
+MANUAL, STOCK = REPO / "examples" / "manual_ddp.py", REPO / "examples" / "stock_ddp.py"
+
+
+def test_manual_ddp_with_collectives_minddp_is_identical_to_stock(launch):
+    _, ours = launch(MANUAL, 3, "--collectives", "minddp")
+    _, stock = launch(STOCK, 3)
+    assert_identical_tables(ours, stock, 3, steps=3)
+
+
+def test_break_collectives_names_each_break_and_the_hang():
+    result = torchrun(2, REPO / "examples" / "break_collectives.py", "--break", "all",
+                      "--timeout", "3")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "--break none: every rank equal to gloo's all_reduce, bit for bit" in out
+    assert re.search(r"--break off-by-one: \d+ of \d+ elements differ from gloo's", out), out
+    assert re.search(r"--break stay-home: rank \d's piece is its own input", out), out
+    assert re.search(r"rank 0 stuck in send to rank 1 after 3 s: Timed out", out), out
