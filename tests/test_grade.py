@@ -55,6 +55,8 @@ PLANTED = {
          " buffers=broadcast_buffers)", "pass", "ranks start from different weights"),
         ("divided twice", "grad.mul_(1.0 / self.world_size)",
          "grad.mul_(1.0 / self.world_size ** 2)", "0.500x stock's, every gradient: averaged"),
+        ("no_sync() ignored", "        self.require_backward_grad_sync = False\n", "",
+         "a backward inside no_sync() communicated"),
     ],
     "bucketed": [
         ("not divided", "torch.mul(grad, 1.0 / self.world_size, out=view)", "view.copy_(grad)",
@@ -175,7 +177,7 @@ def test_grading_a_lesson_as_a_student_does_passes_and_exits_0():
         "graded minddp/naive.py: exercise 'naive' (minddp/naive.py) against"
         " torch.nn.parallel.DistributedDataParallel")
     assert "  2 ranks, the toy model, SGD: passed" in result.stdout
-    assert result.stdout.splitlines()[-1] == "verdict: 4 of 4 checks passed: every one, bit for bit"
+    assert result.stdout.splitlines()[-1] == "verdict: 6 of 6 checks passed: every one, bit for bit"
 
 
 def test_a_planted_mistake_exits_1_with_its_diagnosis_also_as_json(tmp_path):
@@ -305,8 +307,10 @@ def test_right_averages_that_are_not_stocks_bits_are_correct_and_a_wrong_one_fai
         graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "naive.py"),
                       "--ranks", "3", "--json"])
         assert graded.returncode == 0, (name, graded.stdout[-3000:], graded.stderr[-2000:])
-        for check in json.loads(graded.stdout)["checks"]:
-            assert check["passed"] and check["outcome"] == "correct", (name, check)
+        checks = json.loads(graded.stdout)["checks"]
+        assert all(c["passed"] and c["outcome"] in ("passed", "correct") for c in checks), name
+        for check in checks[:2]:  # the two models: each parts from stock's bits somewhere
+            assert check["outcome"] == "correct", (name, check)
             assert "correct, not stock's bits" in check["diagnosis"] and named in \
                 check["diagnosis"], (name, check)
     (tmp_path / "naive.py").write_text(lesson.replace(
@@ -314,9 +318,21 @@ def test_right_averages_that_are_not_stocks_bits_are_correct_and_a_wrong_one_fai
     graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "naive.py"),
                   "--ranks", "3", "--json"])
     assert graded.returncode == 1
-    for check in json.loads(graded.stdout)["checks"]:
-        assert not check["passed"] and "a wrong gradient, not a different order" in \
+    for check in json.loads(graded.stdout)["checks"][:2]:
+        assert check["outcome"] == "failed" and "a wrong gradient, not a different order" in \
             check["diagnosis"], check
+
+
+def test_a_group_without_rank_0_averaged_over_the_whole_world_is_named(tmp_path):
+    (tmp_path / "naive.py").write_text((REPO / "minddp" / "naive.py").read_text().replace(
+        "dist.get_world_size(process_group)", "dist.get_world_size()"))
+    graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "naive.py"),
+                  "--ranks", "3", "--json"])
+    assert graded.returncode == 1
+    [failed] = [c for c in json.loads(graded.stdout)["checks"] if c["outcome"] == "failed"]
+    assert failed["check"] == "3 ranks, the toy model, process_group = ranks 1..2"
+    assert failed["diagnosis"] == ("0.667x stock's: divided by the whole world's size (3), not"
+                                   " the group's (2): dist.get_world_size(process_group)")
 
 
 def test_minddp_exercise_makes_the_folder_it_is_given(tmp_path):

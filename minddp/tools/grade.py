@@ -158,6 +158,8 @@ def grade_folder(folder, args):
         except UsageError as refused:
             results = [{"check": "the file", "passed": False, "where": "",
                         "diagnosis": refused.message}]
+        for r in results:
+            r["outcome"] = outcome_of(r)
         failed = [r for r in results if not r["passed"]]
         correct = sum(outcome_of(r) == "correct" for r in results)
         rows.append([file.name, f"{len(results) - len(failed)} of {len(results)}"
@@ -195,6 +197,8 @@ def main(argv=None):
         name = exercise_of(file, args.exercise)
         ranks = args.ranks or EXERCISES[name].ranks
         results = grade(file, name, ranks, args.timeout)
+    for r in results:
+        r["outcome"] = outcome_of(r)
     if args.json:
         print(json.dumps({"file": str(file), "exercise": name, "ranks": list(ranks),
                           "passed": all(r["passed"] for r in results), "checks": results},

@@ -27,16 +27,18 @@ import torch.distributed as dist
 U = 2.0 ** -24  # float32's unit roundoff
 
 
-def local_gradients(plain, module, x, y, loss_fn):
-    """{name: this rank's own gradient}, from a plain copy of `module`'s weights now."""
+def local_gradients(plain, module, microbatches, loss_fn):
+    """{name: this rank's own gradient}, its microbatches' added, from a plain copy of
+    `module`'s weights now."""
     plain.load_state_dict(module.state_dict())
     plain.zero_grad()
-    loss_fn(plain(x), y).backward()
+    for x, y in microbatches:
+        loss_fn(plain(x), y).backward()
     return {n: None if p.grad is None else p.grad.detach().clone()
             for n, p in plain.named_parameters()}
 
 
-def right_ways(grads, world_size):
+def right_ways(grads, world_size, group=None):
     """Collective: {way: {name: the averaged gradient}} for the usual right ways, each one
     all_reduce per parameter: what a student's result is recognised as."""
     ways = {"x / W": {}, "sum / W": {}, "x * (1/W)": {}}
@@ -46,7 +48,7 @@ def right_ways(grads, world_size):
         for way, before, after in (("x / W", g / world_size, None),
                                    ("sum / W", g.clone(), world_size),
                                    ("x * (1/W)", g * (1.0 / world_size), None)):
-            dist.all_reduce(before)
+            dist.all_reduce(before, group=group)
             ways[way][name] = (before if after is None else before / after).numpy()
     return ways
 

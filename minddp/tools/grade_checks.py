@@ -7,6 +7,7 @@ same results on each: [{"check", "passed", "where", "diagnosis"}]. The models st
 each rank's own seed, so that a missing broadcast shows; every rank trains on its own batch.
 """
 
+import contextlib
 import copy
 
 import torch
@@ -20,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..run.toy import NeuralNetwork
 from .diagnosis import compare
-from .grade_bound import judge, local_gradients, right_ways
+from .grade_bound import local_gradients
 
 STEPS = 3
 
@@ -95,70 +96,51 @@ MODELS = [  # (label, build, the optimizer's name, optimizer, batch, loss)
 ]
 
 
-def _train(wrapped, module, make_optimizer, batch, loss_fn, rank, plain=None):
+@contextlib.contextmanager
+def _counting(counts):
+    """{collective: calls} made through torch.distributed's Python functions meanwhile."""
+    from .grade_run import COLLECTIVES
+    originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+
+    def counted(name, original):
+        def call(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return original(*args, **kwargs)
+        return call
+    for name, original in originals.items():
+        setattr(dist, name, counted(name, original))
+    try:
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+
+
+def _train(wrapped, module, make_optimizer, batch, loss_fn, rank, plain=None, micro=False):
     """STEPS steps: the weights before, each step's gradients and weights after. With a
     `plain` copy of the model: each step's local gradients too (grade_bound.py), from the
-    weights the step starts with."""
+    weights the step starts with. micro: step 1 in two halves, the first under no_sync()."""
     record = {"start": {n: _np(_whole(p)) for n, p in module.named_parameters()},
               "grads": [], "weights": [], "local": []}
     optimizer = make_optimizer(wrapped.parameters())
     for step in range(STEPS):
         x, y = batch(rank, step)
+        halves = [(x[:len(x) // 2], y[:len(y) // 2]), (x[len(x) // 2:], y[len(y) // 2:])] \
+            if micro and step == 1 else [(x, y)]
         if plain is not None:
-            record["local"].append(local_gradients(plain, module, x, y, loss_fn))
+            record["local"].append(local_gradients(plain, module, halves, loss_fn))
         optimizer.zero_grad()
-        loss_fn(wrapped(x), y).backward()
+        for i, (xs, ys) in enumerate(halves):
+            if i < len(halves) - 1:  # the collectives a no_sync() backward calls: none
+                with wrapped.no_sync(), _counting(record.setdefault("in no_sync", {})):
+                    loss_fn(wrapped(xs), ys).backward()
+            else:
+                loss_fn(wrapped(xs), ys).backward()
         record["grads"].append({n: _np(None if p.grad is None else _whole(p.grad))
                                 for n, p in module.named_parameters()})
         optimizer.step()
         record["weights"].append({n: _np(_whole(p)) for n, p in module.named_parameters()})
     return record
-
-
-def ddp(student, rank, world_size, cls_name, order_note):
-    """The student's DDP class against stock DDP: gradients every step, weights after."""
-    results = []
-    for label, build, optimizer_name, make_optimizer, batch, loss_fn in MODELS:
-        torch.manual_seed(rank)  # each rank its own first weights: the broadcast must fix them
-        model = build()
-        stock_model = copy.deepcopy(model)
-        record = {
-            "stock": _train(DistributedDataParallel(stock_model), stock_model, make_optimizer,
-                            batch, loss_fn, rank),
-            "yours": _train(getattr(student, cls_name)(model), model, make_optimizer, batch,
-                            loss_fn, rank, plain=build())}
-        # The right ways to average each step's local gradients, once the run is over (its
-        # collectives then pair with nobody's but these: a student's stray one has ended).
-        local = record["yours"].pop("local")
-        record["yours"]["ways"] = [right_ways(grads, world_size) for grads in local]
-        record["yours"]["local"] = [{n: _np(g) for n, g in grads.items()} for grads in local]
-        everyone = _everyone(record)
-        passed, where, why = compare(_runs(everyone, "yours"), _runs(everyone, "stock"),
-                                     world_size, order_note)
-        result = _result(f"{_ranks(world_size)}, {label}, {optimizer_name}", passed, where, why)
-        if not passed and why.startswith("tiny"):  # a rounding apart: right, or wrong?
-            correct, at, verdict = judge(*_by_step(everyone), world_size)
-            result.update(passed=correct, outcome="correct" if correct else "failed",
-                          where=where if correct else at, diagnosis=verdict)
-        results.append(result)
-    return results
-
-
-def _by_step(everyone):
-    """The student's gradients, local gradients and right ways as [step][rank]."""
-    return [[[e["yours"][key][s] for e in everyone] for s in range(STEPS)]
-            for key in ("grads", "local", "ways")]
-
-
-def naive(student, rank, world_size):
-    return ddp(student, rank, world_size, "NaiveDDP", "stock adds each bucket's gradients,"
-               " pre-divided by the world size, with one all_reduce; one per parameter adds"
-               " 3 or more ranks' in another order")
-
-
-def bucketed(student, rank, world_size):
-    return ddp(student, rank, world_size, "BucketedDDP", "stock multiplies each gradient by"
-               " 1/world_size as it copies it into its bucket, then all_reduces the bucket")
 
 
 class _MLP(torch.nn.Module):
@@ -227,9 +209,8 @@ def tp(student, rank, world_size):
 
 
 def _all_checks():
-    from . import grade_pieces, grade_sharded
-    return {"naive": naive, "bucketed": bucketed, "tp": tp, **grade_sharded.CHECKS,
-            **grade_pieces.CHECKS}
+    from . import grade_ddp, grade_pieces, grade_sharded
+    return {"tp": tp, **grade_ddp.CHECKS, **grade_sharded.CHECKS, **grade_pieces.CHECKS}
 
 
 CHECKS = {}  # exercise -> check(student, rank, world_size): filled below, from every file
