@@ -49,7 +49,8 @@ PLANTED = {
     "naive": [
         ("a sum, not a mean", "grad.mul_(1.0 / self.world_size)", "pass",
          "2.000x stock's, every gradient: summed, not averaged"),
-        ("no all_reduce", "dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.process_group)",
+        ("no all_reduce", "chosen.all_reduce(grad, op=dist.ReduceOp.SUM,"
+         " group=self.process_group)",
          "pass", "the average was skipped"),
         ("no broadcast", "broadcast_parameters(module, src=0, group=process_group,"
          " buffers=broadcast_buffers)", "pass", "ranks start from different weights"),
@@ -217,7 +218,7 @@ def test_a_collective_that_never_completes_names_where_each_rank_waits(tmp_path)
                   "--timeout", "10"])
     assert result.returncode == 1, result.stderr[-2000:]
     line = path.read_text().splitlines().index(
-        "            dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.process_group)") + 1
+        "            chosen.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.process_group)") + 1
     assert f"rank 1 waits in all_reduce (naive.py line {line})" in result.stdout, result.stdout
     assert "diagnosis: a collective that never completed within 10 s" in result.stdout
 
