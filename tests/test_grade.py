@@ -36,6 +36,10 @@ PLANTED = {
          "the same indices, dealt to other ranks"),
         ("no padding", "order = [order[i % n] for i in range(self.total_size)]",
          "order = order[:self.total_size]", "every rank must get as many"),
+        ("the global generator reseeded", "            g = torch.Generator()\n"
+         "            g.manual_seed(self.seed + self.epoch)\n",
+         "            g = torch.manual_seed(self.seed + self.epoch)\n",
+         "moved or reset torch's global random state"),
     ],
     "broadcast": [
         ("buffers skipped", "(list(module.named_buffers()) if buffers else [])", "[]",
@@ -68,6 +72,12 @@ PLANTED = {
          "torch.mul(grad, 1.0 / self.world_size ** 2, out=view)", "averaged twice"),
     ],
     "zero": [
+        ("sizes counted per group", "        for group in self.param_groups:\n"
+         "            mine = [[] for _ in range(self.world_size)]\n",
+         "        for group in self.param_groups:\n"
+         "            sizes = [0] * self.world_size  # per group: stock counts across groups\n"
+         "            mine = [[] for _ in range(self.world_size)]\n",
+         "the shards are not stock's"),
         ("no broadcast after the step", "works.append(dist.broadcast(p.data, src=src,"
          " group=self.process_group,\n" + " " * 48 + "async_op=True))", "pass",
          "an updated shard never reached it"),

@@ -35,6 +35,19 @@ def sampler(student, rank, world_size):
             everyone = _everyone(seen)
             label = f"{_ranks(world_size)}, shuffle={shuffle}, drop_last={drop_last}"
             results.append(_result(label, *_sampler_verdict(everyone, world_size)))
+    # Stock draws from a generator of its own: the training's random numbers (dropout,
+    # augmentation, initialisation) are the same whether or not a sampler ran.
+    before = torch.get_rng_state()
+    s = student.ShardSampler(range(10), num_replicas=world_size, rank=rank, shuffle=True, seed=3)
+    s.set_epoch(1)
+    list(s)
+    touched = not torch.equal(before, torch.get_rng_state())
+    results.append(_result(f"{_ranks(world_size)}, torch's global random state", not touched,
+                           "after set_epoch(1) and one epoch's indices" if touched else "",
+                           "the sampler moved or reset torch's global random state"
+                           " (torch.manual_seed or a draw without a generator): every rank's"
+                           " dropout and initialisation change with it; shuffle with a"
+                           " torch.Generator of its own, seeded seed + epoch" if touched else ""))
     return results
 
 

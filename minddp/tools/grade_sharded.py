@@ -20,18 +20,27 @@ from .grade_checks import (MODELS, STEPS, _everyone, _np, _ranks, _result, _runs
                            stock_mesh)
 
 
+def _two_groups(params):
+    """Two parameter groups, the second with its own lr: stock shards across both at once."""
+    half = len(params) // 2
+    return [{"params": params[:half]}, {"params": params[half:], "lr": 5e-3}]
+
+
 def zero(student, rank, world_size):
     """ShardedOptimizer against ZeroRedundancyOptimizer: weights every step, state held."""
     results = []
-    for label, build, _, _, batch, loss_fn in MODELS:
+    cases = [(label, build, batch, loss_fn, False) for label, build, _, _, batch, loss_fn in MODELS]
+    cases.append((MODELS[1][0] + ", two parameter groups", *MODELS[1][1:2], *MODELS[1][4:], True))
+    for label, build, batch, loss_fn, grouped in cases:
         record = {}
         for who in ("stock", "yours"):
             torch.manual_seed(0)
             model = DistributedDataParallel(build())
             params = [p for p in model.parameters() if p.requires_grad]
-            optimizer = (student.ShardedOptimizer(params, torch.optim.AdamW, lr=1e-2)
+            given = _two_groups(params) if grouped else params
+            optimizer = (student.ShardedOptimizer(given, torch.optim.AdamW, lr=1e-2)
                          if who == "yours" else ZeroRedundancyOptimizer(
-                             params, optimizer_class=torch.optim.AdamW, lr=1e-2))
+                             given, optimizer_class=torch.optim.AdamW, lr=1e-2))
             weights = []
             for step in range(STEPS):
                 x, y = batch(rank, step)
