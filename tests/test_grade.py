@@ -70,6 +70,8 @@ PLANTED = {
          "the average was skipped"),
         ("divided twice", "torch.mul(grad, 1.0 / self.world_size, out=view)",
          "torch.mul(grad, 1.0 / self.world_size ** 2, out=view)", "averaged twice"),
+        ("always the first bucket", "            bucket = self.buckets[self._next_bucket]\n",
+         "            bucket = self.buckets[0]\n", "the average was skipped"),
     ],
     "zero": [
         ("sizes counted per group", "        for group in self.param_groups:\n"

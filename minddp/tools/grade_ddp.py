@@ -21,17 +21,19 @@ from .grade_bound import judge, right_ways
 from .grade_checks import MODELS, STEPS, _everyone, _np, _ranks, _result, _runs, _train
 
 
-def _run(student, cls_name, rank, model_spec, group=None, micro=False):
-    """The student's wrapper and stock's, on the same start and batches: both records."""
+def _run(student, cls_name, rank, model_spec, group=None, micro=False, **kwargs):
+    """The student's wrapper and stock's, on the same start and batches: both records.
+    kwargs: for both wrappers (bucket_cap_mb)."""
     _, build, _, make_optimizer, batch, loss_fn = model_spec
     torch.manual_seed(rank)  # each rank its own first weights: the broadcast must fix them
     model = build()
     stock_model = copy.deepcopy(model)
+    stock = DistributedDataParallel(stock_model, process_group=group, **kwargs)
+    yours = getattr(student, cls_name)(model, process_group=group, **kwargs)
     record = {
-        "stock": _train(DistributedDataParallel(stock_model, process_group=group), stock_model,
-                        make_optimizer, batch, loss_fn, rank, micro=micro),
-        "yours": _train(getattr(student, cls_name)(model, process_group=group), model,
-                        make_optimizer, batch, loss_fn, rank, plain=build(), micro=micro)}
+        "stock": _train(stock, stock_model, make_optimizer, batch, loss_fn, rank, micro=micro),
+        "yours": _train(yours, model, make_optimizer, batch, loss_fn, rank, plain=build(),
+                        micro=micro)}
     # The right ways to average each step's local gradients, once the run is over (its
     # collectives then pair with nobody's but these: a student's stray one has ended).
     local = record["yours"].pop("local")
@@ -63,6 +65,11 @@ def ddp(student, rank, world_size, cls_name, order_note):
         everyone = _everyone(_run(student, cls_name, rank, spec))
         results.append(_verdict(f"{_ranks(world_size)}, {spec[0]}, {spec[2]}", everyone,
                                 order_note))
+    if cls_name == "BucketedDDP":  # the LM's 6 gradients in buckets of 4 KB: several
+        lm = MODELS[1]
+        everyone = _everyone(_run(student, cls_name, rank, lm, bucket_cap_mb=0.004))
+        results.append(_verdict(f"{_ranks(world_size)}, {lm[0]}, {lm[2]}, bucket_cap_mb=0.004"
+                                f" (several buckets)", everyone, order_note))
     toy = MODELS[0]
     everyone = _everyone(_run(student, cls_name, rank, toy, micro=True))
     check = f"{_ranks(world_size)}, {toy[0]}, step 1 in two halves, the first under no_sync()"
