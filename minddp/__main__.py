@@ -36,6 +36,8 @@ COMMANDS = {  # subcommand: (module, what it does)
                  " ring, activations"),
     "ep-bench": ("minddp.bench.experts", "expert parallel: tokens per expert, the all_to_alls'"
                  " bytes, held"),
+    "collectives-bench": ("minddp.bench.collectives", "chapter 0's collectives beside gloo's:"
+                          " time, bytes, the alpha-beta fit"),
 }
 
 

@@ -8,13 +8,16 @@ system's and the wire's latency) plus beta per byte; steps in sequence add up. S
     T(N) = steps(W) * alpha + path_bytes(N, W) * beta
 where path_bytes is what the slowest chain of steps carries. N is the bytes of the tensor a
 rank hands in (all_gather: the gathered output), W the ranks, blocks of N/W each:
-    ring all_reduce      2(W-1) steps   2(W-1)/W N   each rank sends the same
-    tree all_reduce      2 ceil(log2 W)   2 ceil(log2 W) N   rank 0 sends ceil(log2 W) N
-    halving-doubling     2 log2 W       2(W-1)/W N   (W a power of two)
-    all_gather, reduce_scatter, all_to_all   W-1 steps   (W-1)/W N
-    reduce               W              2(W-1)/W N   dst takes W-1 blocks at once
-    tree broadcast       ceil(log2 W)   ceil(log2 W) N
-    chain broadcast      K + W - 2      (K + W - 2) N/K   (K chunks of 256 KiB)
+    algorithm                   steps            path_bytes        each rank sends
+    ring all_reduce             2(W-1)           2(W-1)/W N        the same
+    tree all_reduce             2 ceil(log2 W)   2 ceil(log2 W) N  rank 0: ceil(log2 W) N
+    halving-doubling (W = 2^k)  2 log2 W         2(W-1)/W N        the same
+    all_gather, reduce_scatter  W - 1            (W-1)/W N         the same
+    all_to_all (pairwise)       W - 1            (W-1)/W N         the same
+    reduce (ring, then to dst)  W                2(W-1)/W N        N, dst (W-1)/W N
+    tree broadcast              ceil(log2 W)     ceil(log2 W) N    N per child
+    chain broadcast             K + W - 2        (K + W - 2) N/K   N (K chunks of 1 MiB)
+    shape check (checks.py)     1                0                 72 (W-1) bytes
 Fewer steps win for small tensors, fewer bytes for large ones; at W = 8 the tree takes 6
 steps to the ring's 14, and carries 6N to the ring's 1.75N.
 """
@@ -40,7 +43,7 @@ def steps(algorithm, nbytes, size):
             "all_gather": size - 1, "reduce_scatter": size - 1, "all_to_all": size - 1,
             "reduce": size, "tree broadcast": _log2(size),
             "chain broadcast": chunks + size - 2 if size > 1 else 0,
-            "barrier": _log2(size)}[algorithm]
+            "barrier": _log2(size), "shape check": 1}[algorithm]
 
 
 def path_bytes(algorithm, nbytes, size):
@@ -54,7 +57,7 @@ def path_bytes(algorithm, nbytes, size):
             "all_gather": share, "reduce_scatter": share, "all_to_all": share,
             "reduce": 2 * share, "tree broadcast": _log2(size) * nbytes,
             "chain broadcast": (chunks + size - 2) * nbytes / chunks if size > 1 else 0,
-            "barrier": _log2(size)}[algorithm]
+            "barrier": _log2(size), "shape check": 0}[algorithm]  # its 72 B: all latency
 
 
 def sent_bytes(algorithm, nbytes, size, rank, root=0):
@@ -73,4 +76,4 @@ def sent_bytes(algorithm, nbytes, size, rank, root=0):
             "tree broadcast": _children(me, size) * nbytes,
             "chain broadcast": nbytes if me < size - 1 else 0,
             "tree all_reduce": (nbytes if rank else 0) + _children(rank, size) * nbytes,
-            "barrier": _log2(size)}[algorithm]
+            "barrier": _log2(size), "shape check": 72 * (size - 1)}[algorithm]

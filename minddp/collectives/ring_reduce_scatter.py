@@ -10,10 +10,11 @@ at ranks b - 2, b - 3, ..., b, so rank b holds the complete sum of block b after
 added up in this order (gloo's, see ring_all_reduce.py):
     x_b + (x_{b+1} + (... + (x_{b-2} + x_{b-1})))      x_r: rank r's copy of block b
 Each rank sends W - 1 blocks, (W-1)/W of the tensor, whatever W is.
-gloo's reduce_scatter_tensor is its all_reduce, cut: it sums each element in the order of
-the block of gloo's layout it falls in (ring_all_reduce.py), so ours has its bits wherever those
-blocks are this function's (an even size per rank, small or large, in docs/collectives.md);
-elsewhere the two part by an ulp or so on a few elements, and ours equals the sum above.
+gloo's reduce_scatter_tensor sums each element as its all_reduce of the whole input does,
+in the order of the gloo block the element falls in (ring_all_reduce.py). Where gloo's blocks
+are this function's pieces (up to 2 MiB a rank: an even number of elements a rank), ours
+has its bits; elsewhere the two part by a rounding on the elements near the pieces' edges,
+and ours equals the sum above (tests; docs/collectives.md).
 ring_reduce_scatter() is also the first half of the ring all_reduce (ring_all_reduce.py).
 """
 

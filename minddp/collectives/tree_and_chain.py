@@ -20,7 +20,7 @@ from .checks import check_same_shape, check_tensor
 from .p2p import exchange, group_rank, rank_and_size
 from .work import launch
 
-CHAIN_CHUNK_BYTES = 1 << 18  # 256 KiB a step: large enough that a step is not all latency
+CHAIN_CHUNK_BYTES = 1 << 20  # 1 MiB a step (gloo's segment): a step is not all latency
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
