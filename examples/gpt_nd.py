@@ -100,7 +100,9 @@ def batch(args, step, dp_rank, device):
     """This dp rank's sequences at `step` (the tp and pp ranks of one dp rank share them)."""
     g = torch.Generator().manual_seed(1000 * args.seed + 100 * step + dp_rank)
     tokens = torch.randint(0, SIZES["vocab"], (args.batch, SIZES["tokens"] + 1), generator=g)
-    return tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # each token predicts the next
+    # each token predicts the next; contiguous: stock's pipeline stage on torch 2.11 checks
+    # strides, and refuses a view's (9, 1) where it expects a whole tensor's (8, 1)
+    return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
 
 
 def main(env, args):

@@ -17,6 +17,14 @@ the global rank of a group's rank r, the group's members, and whether this rank 
 
 import torch.distributed as dist
 
+# Torch 2.13's names for the gather and reduce-scatter into one tensor, which the FSDP and
+# tensor-parallel lessons call; 2.11 and 2.12 have the same functions under their older
+# names only (2.13 keeps those too, with a FutureWarning).
+if not hasattr(dist, "all_gather_single"):
+    dist.all_gather_single = dist.all_gather_into_tensor
+if not hasattr(dist, "reduce_scatter_single"):
+    dist.reduce_scatter_single = dist.reduce_scatter_tensor
+
 
 def global_rank(group, group_rank):
     """The global rank of `group`'s rank `group_rank` (what src= and dst= take)."""

@@ -9,7 +9,9 @@ the main thread, at a moment nobody chose: joining gloo's threads there, the GIL
 deadlock with a thread that waits for the GIL, and the rank never exits. So ddp_teardown
 runs after the function that held the models has returned, frees what still holds the
 group (forget_dtensor_caches, gc), lets every rank arrive, and only then destroys it; and if
-gloo's threads are still there (group_threads), it says so and bounds the exit.
+gloo's threads are still there (group_threads), it says so and bounds the exit. On torch
+2.11 and 2.12, stock's DTensor itself keeps device meshes past their use (stock_leaked_meshes):
+ddp_teardown lets go of their groups and names stock's leak in one line.
 """
 
 import faulthandler
@@ -41,6 +43,10 @@ def ddp_teardown():
         return
     forget_dtensor_caches()  # stock fully_shard's device meshes hold the group
     gc.collect()  # a wrapper caught in a reference cycle is freed now, not at exit
+    leaked = stock_leaked_meshes()  # torch 2.11 and 2.12 only: none on a later torch
+    for mesh in leaked:
+        let_go_of_groups(mesh)  # before destroy: the group must die inside it (see above)
+    rank = dist.get_rank()
     # Rank 0 may still be writing a table: every rank arrives before any tears down.
     nccl = dist.get_backend() == "nccl"
     dist.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
@@ -58,6 +64,10 @@ def ddp_teardown():
                    f" holds it, e.g. a DDP model): call ddp_teardown() after the function"
                    f" that holds the model has returned; exiting within {EXIT_BOUND_S} s")
         faulthandler.dump_traceback_later(EXIT_BOUND_S, exit=True)
+    elif leaked and rank == 0:  # the same on every rank: said once
+        print(f"note: stock's DTensor (torch {torch.__version__}) leaked {len(leaked)} device"
+              f" mesh(es) holding the process group; ddp_teardown() let go of the group",
+              flush=True)
 
 
 def forget_dtensor_caches():
@@ -75,6 +85,57 @@ def forget_dtensor_caches():
         if (type(cached) is functools._lru_cache_wrapper
                 and getattr(cached, "__module__", "").startswith("torch.distributed.tensor")):
             cached.cache_clear()
+
+
+def stock_leaked_meshes():
+    """The device meshes that only stock's DTensor dispatch (C++) still holds: torch < 2.13."""
+    # Torch 2.11's and 2.12's C++ sharding cache keeps a reference to the arguments of each op
+    # it propagates (tuples of DTensorSpecs and OpStrategies), which no call, the cache's own
+    # clear included, gives back; each spec holds its mesh, each mesh its process groups. A
+    # mesh counts as stock's leak only if every chain of holders above it runs through those
+    # classes to such a tuple that no Python object holds: a live DTensor, module, frame or
+    # global on the way is a holder of the program's own, and its mesh is left alone.
+    if torch.__version__ >= "2.13" or "torch.distributed.device_mesh" not in sys.modules:
+        return []
+    from torch.distributed.device_mesh import DeviceMesh
+    # (type(), not isinstance: that reads __class__, and torch.distributed.reduce_op warns)
+    meshes = [o for o in gc.get_objects() if issubclass(type(o), DeviceMesh)]
+    frontier, seen = meshes, {id(m) for m in meshes}
+    for _ in range(32):  # the chains are 2 to 7 deep; a longer one is not this leak
+        if not frontier:
+            return meshes  # every chain ended in a tuple only C++ holds
+        holders = python_holders(frontier, meshes)
+        held = {id(x) for h in holders for x in gc.get_referents(h)}
+        if any(id(o) not in held and type(o) is not tuple for o in frontier):
+            return []  # held from outside Python, and not by one of the cache's tuples
+        if any(type(h) not in (tuple, list, dict) and type(h).__module__ not in _STOCK_INNER
+               for h in holders):
+            return []  # a DTensor, a module, a frame...: the program still holds it
+        frontier = [h for h in holders if id(h) not in seen]
+        del holders  # a list of this function's: the next look must not count it a holder
+        seen.update(id(h) for h in frontier)
+    return []
+
+
+# Where the classes between the leaked tuples and a mesh live (specs, strategies, meshes).
+_STOCK_INNER = ("torch.distributed.tensor._op_schema", "torch.distributed.tensor._dtensor_spec",
+                "torch.distributed.device_mesh", "torch.distributed._mesh_layout")
+
+
+def python_holders(objects, *ours):
+    """The Python objects that hold any of `objects`, other than `ours` and this call's own."""
+    key = object()  # in whatever this call makes (get_referrers' argument tuple): left out
+    found = gc.get_referrers(key, *objects)
+    return [h for h in found if h is not objects and all(h is not o for o in ours)
+            and not any(x is key for x in gc.get_referents(h))]
+
+
+def let_go_of_groups(mesh):
+    """Drop a leaked mesh's references to its process groups (it can never run again)."""
+    for held in vars(mesh).values():  # torch 2.11: _pg_registry, group name -> group
+        if isinstance(held, dict):
+            for name in [k for k, v in held.items() if isinstance(v, dist.ProcessGroup)]:
+                del held[name]
 
 
 def group_threads():

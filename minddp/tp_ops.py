@@ -15,6 +15,8 @@ Sequence parallelism (sp.py) trades the pair for two along the sequence, the sam
 import torch
 import torch.distributed as dist
 
+from . import groups  # noqa: F401  (torch 2.11 and 2.12: the collectives under 2.13's names)
+
 
 class _CopyToRanks(torch.autograd.Function):
     """f: the whole input goes on as it is; backward sums the ranks' input gradients."""

@@ -65,14 +65,17 @@ def test_client_code_with_the_import_swapped_is_bitwise_stock(client, tmp_path):
     assert _equal(stock_state, manual_state), "weights or optimizer state differ"
 
 
-@pytest.mark.parametrize("order,threads", [("minddp-first", "0"), ("minddp-late", "3")])
-def test_the_group_dies_in_destroy_when_minddp_is_imported_first(order, threads):
+@pytest.mark.parametrize("order,alive", [("minddp-first", False), ("minddp-late", True)])
+def test_the_group_dies_in_destroy_when_minddp_is_imported_first(order, alive):
     # Why a client's exit is clean: its group is really gone after destroy_process_group(),
-    # threads and all, and nothing is left for the interpreter's exit to free.
+    # threads and all, and nothing is left for the interpreter's exit to free. (A live gloo
+    # group runs 3 threads on torch 2.13, 2 on 2.11: how many is torch's, not the point.)
     result = run([sys.executable, str(REPO / "tests" / "scripts" / "group_outlives_destroy.py"),
                   order])
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().endswith(f"model alive: {threads}"), result.stdout
+    threads = re.fullmatch(r"gloo threads after destroy_process_group\(\), model alive: (\d+)",
+                           result.stdout.strip())
+    assert threads and (int(threads.group(1)) > 0) == alive, result.stdout
 
 
 def _stock_refusals(rank, world_size):

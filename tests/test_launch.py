@@ -76,7 +76,8 @@ def test_same_on_every_rank_errors_print_on_rank_0_only(capsys, monkeypatch):
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("installed,refused", [("2.12.1", True), ("2.11.0+cu130", True),
+@pytest.mark.parametrize("installed,refused", [("2.10.0", True), ("2.6.0+cu124", True),
+                                                ("2.11.0+cu130", False), ("2.12.1", False),
                                                 ("2.13.0+cpu", False), ("2.15.0", False),
                                                 ("3.0.0", False)])
 def test_a_torch_older_than_the_floor_is_refused_in_one_line(monkeypatch, installed, refused):
@@ -87,5 +88,5 @@ def test_a_torch_older_than_the_floor_is_refused_in_one_line(monkeypatch, instal
     assert (said is not None) == refused
     if refused:
         lines = said.splitlines()
-        assert lines[0] == f"error: minddp needs torch 2.13 or later, found {installed}"
-        assert len(lines) == 2 and lines[1].startswith("---> HINT: pip install 'torch>=2.13'")
+        assert lines[0] == f"error: minddp needs torch 2.11 or later, found {installed}"
+        assert len(lines) == 2 and lines[1].startswith("---> HINT: pip install 'torch>=2.11'")

@@ -135,7 +135,8 @@ def measure(text, impl, batch, device):
     first, last = coordinate.get("pp", 0) == 0, coordinate.get("pp", 0) == sizes.get("pp", 1) - 1
     g = torch.Generator().manual_seed(coordinate.get("dp", 0))
     tokens = torch.randint(0, SIZES["vocab"], (batch, SIZES["tokens"] + 1), generator=g)
-    x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+    # (contiguous: stock's pipeline stage on torch 2.11 refuses a view's strides)
+    x, y = tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
 
     def step():
         optimizer.zero_grad()

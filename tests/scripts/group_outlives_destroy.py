@@ -1,7 +1,7 @@
 """Does the process group die in destroy_process_group()? A client's order, one process.
 
     python tests/scripts/group_outlives_destroy.py minddp-first   # 0 gloo threads after destroy
-    python tests/scripts/group_outlives_destroy.py minddp-late    # 3: the group lives on
+    python tests/scripts/group_outlives_destroy.py minddp-late    # 3 (2 on torch 2.11): it lives
 
 The client creates its own group, then an optimizer (which imports torch._dynamo), wraps
 the model in ManualDDP, trains a step and calls destroy_process_group() with the model
