@@ -141,6 +141,46 @@ def test_gloo_blocks_are_the_documented_layout():
         assert [len(b) for b in got] == [e - s for s, e in gloo_layout(n, 2, size)]
 
 
+def _gloos_orders(rank, world_size):
+    """{(what, n): gloo's result torch.equal to the documented order} on random float32."""
+    found = {}
+    for n in (5, 8, 1001):
+        x = _values(rank, n, torch.float32, seed=4)
+        xs = _gathered(x)
+        ring = ring_order(xs, gloo_layout(n, 4, world_size))
+        summed, averaged, reduced = x.clone(), x.clone(), x.clone()
+        dist.all_reduce(summed)
+        dist.all_reduce(averaged, op=AVG)
+        dist.reduce(reduced, dst=world_size - 1)
+        found["all_reduce", n] = torch.equal(summed, ring)
+        found["AVG = SUM / W", n] = torch.equal(averaged, ring / world_size)
+        if rank == world_size - 1:
+            found["reduce", n] = torch.equal(reduced, ring)
+        whole = _values(rank, n * world_size, torch.float32, seed=5)
+        wholes = _gathered(whole)
+        mine_piece = slice(rank * n, (rank + 1) * n)
+        out = torch.empty(n)
+        dist.reduce_scatter_single(out, whole)
+        found["reduce_scatter_tensor", n] = torch.equal(
+            out, ring_order(wholes, gloo_layout(n * world_size, 4, world_size))[mine_piece])
+        dist.reduce_scatter(out, list(whole.split(n)))  # each piece: an all_reduce of its own
+        pieces = [w[mine_piece] for w in wholes]
+        found["reduce_scatter (a list)", n] = torch.equal(
+            out, ring_order(pieces, gloo_layout(n, 4, world_size)))
+    return found
+
+
+share_spawn(_gloos_orders, [3, 4])
+
+
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_gloos_reductions_all_sum_in_its_all_reduces_order(world_size):
+    # reduce and reduce_scatter_tensor: as its all_reduce of the whole tensor; reduce_scatter
+    # of a list: as an all_reduce of each piece alone; AVG: the sum, then / W.
+    for rank, found in enumerate(shared_results(_gloos_orders, world_size)):
+        assert all(found.values()), (rank, {k: v for k, v in found.items() if not v})
+
+
 # ---- every collective against gloo's, bit for bit ------------------------------------------
 
 def _reductions(rank, group, n, dtype):

@@ -2,7 +2,7 @@
 
     minddp collectives-bench                          # W = 2, 3, 4, 8; 1 KiB .. 64 MiB
     minddp collectives-bench --png docs/collectives.png --format github
-    minddp collectives-bench --world-sizes 3 --sizes 1K 64K --rounds 3
+    minddp collectives-bench --world-sizes 3 --sizes 1K 256K --rounds 3
 
 Every algorithm of minddp/collectives/ and gloo's own collective of the same kind, on
 float32 tensors of --sizes bytes (N: what a rank hands in; all_gather: what it gathers), on

@@ -23,6 +23,15 @@ ORDER = [
     # data parallelism by hand
     "minddp/usage_error.py", "minddp/backends.py", "minddp/launch.py", "minddp/rendezvous.py",
     "minddp/groups.py",
+    # chapter 0: the collectives by hand, from send and recv alone
+    "minddp/collectives/__init__.py", "minddp/collectives/p2p.py", "minddp/collectives/work.py",
+    "minddp/collectives/ops.py", "minddp/collectives/checks.py",
+    "minddp/collectives/tree_and_chain.py", "minddp/collectives/ring_all_gather.py",
+    "minddp/collectives/ring_reduce_scatter.py", "minddp/collectives/ring_all_reduce.py",
+    "minddp/collectives/ring_reduce.py", "minddp/collectives/tree.py",
+    "minddp/collectives/halving_doubling.py", "minddp/collectives/pairwise.py",
+    "minddp/collectives/dissemination.py", "minddp/collectives/cost.py",
+    "minddp/collectives/chosen.py", "examples/break_collectives.py",
     "minddp/sampler.py",
     "minddp/broadcast.py", "minddp/grad_hooks.py", "minddp/naive.py", "minddp/bucket_layout.py",
     "minddp/bucketed.py", "minddp/teardown.py",
