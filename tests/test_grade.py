@@ -112,6 +112,14 @@ PLANTED = {
          "warmup = min(n, num_stages - stage_index + 1)", "the warm-up: stock runs"),
         ("a backward short", "while backwards < n:", "while backwards < n - 1:",
          "actions missing or repeated"),
+        ("F before B in the steady state",
+         "        actions.append((\"B\", backwards))\n        backwards += 1\n"
+         "        if forwards < n:\n            actions.append((\"F\", forwards))\n"
+         "            forwards += 1\n",
+         "        if forwards < n:\n            actions.append((\"F\", forwards))\n"
+         "            forwards += 1\n        actions.append((\"B\", backwards))\n"
+         "        backwards += 1\n",
+         "or a steady state that runs F before B"),
     ],
 }
 
@@ -346,6 +354,18 @@ def test_a_group_without_rank_0_averaged_over_the_whole_world_is_named(tmp_path)
     assert failed["check"] == "3 ranks, the toy model, process_group = ranks 1..2"
     assert failed["diagnosis"] == ("0.667x stock's: divided by the whole world's size (3), not"
                                    " the group's (2): dist.get_world_size(process_group)")
+
+
+def test_a_warm_up_not_clamped_to_the_microbatches_is_caught_at_3_ranks(tmp_path):
+    (tmp_path / "pp_schedules.py").write_text((REPO / "minddp" / "pp_schedules.py").read_text()
+                                              .replace("warmup = min(n, num_stages - stage_index)",
+                                                       "warmup = num_stages - stage_index"))
+    graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "pp_schedules.py"),
+                  "--ranks", "3", "--json"])
+    assert graded.returncode == 1
+    [failed] = [c for c in json.loads(graded.stdout)["checks"] if c["outcome"] == "failed"]
+    assert failed["check"].startswith("3 ranks, 2 microbatches (fewer than stages")
+    assert failed["diagnosis"].startswith("actions missing or repeated (F2)")
 
 
 def test_minddp_exercise_makes_the_folder_it_is_given(tmp_path):

@@ -161,7 +161,27 @@ def pp(student, rank, world_size):
         everyone = _everyone((yours, log))
         results.append(_result(f"{_ranks(world_size)}, {n} microbatches",
                                *_order_verdict(everyone, world_size)))
+    if world_size > 2:  # fewer microbatches than stages: stock's 1F1B refuses to run it, so
+        n = world_size - 1  # the reference is its rule, warm-up min(n, num_stages - stage)
+        yours = [tuple(a) for a in student.one_f_one_b(rank, world_size, n)]
+        rule = _one_f_one_b_rule(rank, world_size, n)
+        everyone = _everyone((yours, rule))
+        results.append(_result(f"{_ranks(world_size)}, {n} microbatches (fewer than stages:"
+                               f" stock's rule, which its Schedule1F1B refuses to run)",
+                               *_order_verdict(everyone, world_size)))
     return results
+
+
+def _one_f_one_b_rule(stage, num_stages, n):
+    """Stock's 1F1B order written out: min(n, num_stages - stage) forwards, then B and F in
+    turn, the oldest first, then the backwards left."""
+    warmup = min(n, num_stages - stage)
+    actions = [("F", i) for i in range(warmup)]
+    for i in range(n):
+        actions.append(("B", i))
+        if warmup + i < n:
+            actions.append(("F", warmup + i))
+    return actions
 
 
 def _order_verdict(everyone, world_size):
@@ -172,17 +192,24 @@ def _order_verdict(everyone, world_size):
                   min(len(yours), len(stock)))
         where = (f"stage {stage}, action {at}: yours {_name(yours, at)}, stock's"
                  f" {_name(stock, at)}")
-        warm = [next((i for i, a in enumerate(actions) if a[0] == "B"), len(actions))
-                for actions in (yours, stock)]
-        if warm[0] != warm[1]:
-            return False, where, (f"the warm-up: stock runs {warm[1]} forwards before stage"
-                                  f" {stage}'s first backward (num_stages - stage_index of"
-                                  f" them, at most n), yours {warm[0]}")
         if sorted(yours) != sorted(stock):
-            return False, where, ("actions missing or repeated: every microbatch's F and B"
-                                  " once each")
-        return False, where, ("the same actions in another order: after the warm-up, one"
-                              " backward then one forward, in turn, the oldest first")
+            extra = sorted(set(yours) - set(stock)) or sorted(set(stock) - set(yours))
+            return False, where, (f"actions missing or repeated ({_name(extra, 0)}): every"
+                                  f" microbatch's F and B once each, n = {len(stock) // 2} of"
+                                  f" them (a warm-up of num_stages - stage_index forwards is"
+                                  f" at most n)")
+        warm = next((i for i, a in enumerate(stock) if a[0] == "B"), len(stock))
+        mine = next((i for i, a in enumerate(yours) if a[0] == "B"), len(yours))
+        if mine == warm:  # the warm-up is right: what comes after it is not
+            return False, where, (f"after a right warm-up of {warm} forwards, the steady"
+                                  f" state: stock runs one backward, then one forward, in"
+                                  f" turn, the oldest first; at action {at} yours runs"
+                                  f" {_name(yours, at)}, stock's {_name(stock, at)}")
+        also = (": a warm-up one too long, or a steady state that runs F before B (one list:"
+                " stock's runs B, then F)" if mine == warm + 1 else "")
+        return False, where, (f"the warm-up: stock runs {warm} forwards before stage"
+                              f" {stage}'s first backward (num_stages - stage_index of them,"
+                              f" at most n), yours {mine}{also}")
     return True, "", ""
 
 
