@@ -33,6 +33,7 @@ import minddp.pp as minddp_pp
 from torch.distributed import pipelining as stock_pp
 from minddp.pp_interleaved import loop_placement
 from minddp.pp_v import v_placement
+from minddp.run import older_torch  # noqa: F401  (torch 2.11 and 2.12: stock's stages as 2.13's)
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",  # --schedule: the class
              "interleaved-1f1b": "ScheduleInterleaved1F1B", "looped-bfs": "ScheduleLoopedBFS",

@@ -14,7 +14,6 @@ Stock's API: ScheduleZBVZeroBubble(stages, m, loss_fn) and ScheduleDualPipeV, ea
 the rank's two PipelineStages; step() as before.
 """
 
-import torch
 import torch.distributed as dist
 
 from .pp_interleaved import _action, parse_action
@@ -145,21 +144,3 @@ class ScheduleDualPipeV(VShaped):
 
     def order(self):
         return self.parsed(dualpipev(self.rank, self.pp, self.n))
-
-
-def _stock_v_on_gloo():
-    """Torch 2.11 and 2.12: stock's V, on gloo too, its warm-up less the sends to itself."""
-    # Before the first step stock's schedule sends a number to each stage's neighbours, the
-    # turn's two stages (p-1 and p, both on rank p-1) included: a send to itself, which gloo
-    # refuses ("Pair is not connected"). 2.13 warms up otherwise; the steps are untouched.
-    from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
-    warm_up = Stage._get_init_p2p_neighbors_ops
-
-    def to_others(stage):
-        me = dist.get_rank(stage.group)
-        return [op for op in warm_up(stage) if op.group_peer != me]
-    Stage._get_init_p2p_neighbors_ops = to_others
-
-
-if torch.__version__ < "2.13":
-    _stock_v_on_gloo()

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from minddp.run import warm
+from minddp.run import older_torch, warm  # noqa: F401  (older_torch: stock's stages, 2.11)
 from minddp.teardown import ddp_teardown, group_threads
 
 REPO = Path(__file__).resolve().parent.parent

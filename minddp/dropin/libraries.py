@@ -23,6 +23,7 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 from .. import clip, mesh as minddp_mesh, pp as minddp_pp, tp as minddp_tp
 from ..context_parallel import context_parallel
 from ..recompute import checkpoint_module
+from ..run import older_torch  # noqa: F401  (torch 2.11 and 2.12: stock's stages as 2.13's)
 from .ddp import ManualDDP
 from .fsdp import fully_shard
 from .stock_context import context_parallel as stock_context_parallel
