@@ -121,6 +121,14 @@ PLANTED = {
          "        backwards += 1\n",
          "or a steady state that runs F before B"),
     ],
+    "ring": [
+        ("a step short", "for step in range(size - 1):", "for step in range(size - 2):",
+         "block 0 is still rank 0's own value: it never travelled round the ring"),
+        ("copied, not combined", "combine(op, mine, arrived)  #", "mine.copy_(arrived)  #",
+         "copied what arrived over this rank's own copy instead of combining the two"),
+        ("the op ignored", "combine(op, mine, arrived)  #", "mine.add_(arrived)  #",
+         "the ranks' values added, not their MAX"),
+    ],
 }
 
 
@@ -128,7 +136,7 @@ def _sources():
     """{(exercise, what): source}: the lesson, the starting file, each planted mistake."""
     sources = {}
     for name, exercise in EXERCISES.items():
-        lesson = (REPO / "minddp" / f"{exercise.lesson}.py").read_text()
+        lesson = (REPO / "minddp" / exercise.path).read_text()
         sources[name, "the lesson"] = lesson
         sources[name, "the starting file"] = starting_file(name)
         for mistake, old, new, _ in PLANTED[name]:
@@ -142,7 +150,7 @@ def _grade(rank, world_size):
     graded = {}
     with tempfile.TemporaryDirectory() as directory:  # this rank's own copies
         for i, ((name, what), source) in enumerate(sorted(_sources().items())):
-            path = pathlib.Path(directory, f"{i}", f"{EXERCISES[name].lesson}.py")
+            path = pathlib.Path(directory, f"{i}", EXERCISES[name].file)
             path.parent.mkdir()
             path.write_text(source)
             try:  # every rank raises alike here (a planted mistake's, or a TODO's)
@@ -183,11 +191,11 @@ def test_a_planted_mistake_is_named(name, mistake, said):
 
 def _planted(tmp_path, name, mistake, folder="planted"):
     """The lesson with one planted mistake, written as a student's file."""
-    lesson = EXERCISES[name].lesson
+    exercise = EXERCISES[name]
     old, new = next((o, n) for m, o, n, _ in PLANTED[name] if m == mistake)
-    path = tmp_path / folder / f"{lesson}.py"
+    path = tmp_path / folder / exercise.file
     path.parent.mkdir()
-    path.write_text((REPO / "minddp" / f"{lesson}.py").read_text().replace(old, new))
+    path.write_text((REPO / "minddp" / exercise.path).read_text().replace(old, new))
     return path
 
 

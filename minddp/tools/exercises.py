@@ -23,12 +23,22 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]  # minddp/
 
 @dataclass(frozen=True)
 class Exercise:
-    lesson: str  # the lesson module's name, minddp/<lesson>.py
+    lesson: str  # the lesson module, minddp/<lesson>.py ("collectives.x": a chapter's)
     against: str  # what the grader compares with
     todo: dict  # "Class.method" or "function" -> what its body must do
     names: tuple  # what the student's file must define (classes, functions)
     ranks: tuple  # the world sizes graded by default
     allowed: tuple  # the world sizes the checks are written for
+
+    @property
+    def path(self):
+        """The lesson file, under minddp/: "naive.py", "collectives/ring_reduce_scatter.py"."""
+        return self.lesson.replace(".", "/") + ".py"
+
+    @property
+    def file(self):
+        """The student's file name: the lesson file's own name, "ring_reduce_scatter.py"."""
+        return self.lesson.rpartition(".")[2] + ".py"
 
 
 EXERCISES = {
@@ -80,6 +90,14 @@ EXERCISES = {
         " a warm-up of forwards, then one backward and one forward in turn, then the"
         " backwards left"},
         ("one_f_one_b",), (2, 3, 4), (2, 3, 4)),
+    "ring": Exercise("collectives.ring_reduce_scatter",
+                     "torch.distributed.all_reduce and reduce_scatter_tensor (gloo)", {
+        "ring_reduce_scatter": "W - 1 steps round the ring: send to rank - 1 the block whose"
+        " partial sum you made in the step before (at step 0, your own block rank + 1),"
+        " receive from rank + 1 the next one (block rank + step + 2) and combine it into your"
+        " own copy of that block, mine <- op(mine, arrived); both at once (p2p.exchange), so"
+        " that rank b ends with block b reduced, x_b + (x_{b+1} + (... + x_{b-1}))"},
+        ("ring_reduce_scatter",), (2, 3), (2, 3, 4)),
 }
 
 
@@ -99,7 +117,7 @@ def _functions(tree):
 def starting_file(name):
     """The exercise's starting file: its lesson with each TODO body taken out (text)."""
     exercise = EXERCISES[name]
-    source = (ROOT / f"{exercise.lesson}.py").read_text()
+    source = (ROOT / exercise.path).read_text()
     lines, functions = source.splitlines(), _functions(ast.parse(source))
     # From the bottom up, so that earlier line numbers stay right.
     for qualname, what in sorted(exercise.todo.items(), key=lambda kv: -functions[kv[0]].lineno):
@@ -119,7 +137,7 @@ def starting_file(name):
         body.append(f'{indent}raise NotImplementedError("TODO: {qualname}")')
         lines[start:node.end_lineno] = body
     header = (f"# minddp exercise {name!r}: write each TODO below, then `minddp grade"
-              f" {exercise.lesson}.py`.\n# The lesson it comes from: minddp/{exercise.lesson}.py")
+              f" {exercise.file}`.\n# The lesson it comes from: minddp/{exercise.path}")
     return header + "\n" + "\n".join(lines) + "\n"
 
 
@@ -131,7 +149,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.list or args.name is None:
         for name, e in EXERCISES.items():
-            print(f"{name:10} minddp/{e.lesson}.py: {', '.join(e.todo)}  (against {e.against})")
+            print(f"{name:10} minddp/{e.path}: {', '.join(e.todo)}  (against {e.against})")
         return 0
     directory = pathlib.Path(args.directory)
     if directory.exists() and not directory.is_dir():
@@ -139,7 +157,7 @@ def main(argv=None):
               file=sys.stderr)
         return 2
     directory.mkdir(parents=True, exist_ok=True)  # `minddp exercise naive exercises/`: made
-    path = directory / f"{EXERCISES[args.name].lesson}.py"
+    path = directory / EXERCISES[args.name].file
     if path.exists():
         print(f"error: {path} exists: it would be overwritten\n---> HINT: another directory,"
               f" or move {path} away", file=sys.stderr)

@@ -75,9 +75,12 @@ def exercise_of(path, name=None):
 
 
 def load(path, lesson):
-    """The student's file as a module of the minddp package (its `from .x import` works)."""
+    """The student's file as a module of the minddp package (its `from .x import` works):
+    minddp._graded_naive; a chapter's lesson in the chapter's package,
+    minddp.collectives._graded_ring_reduce_scatter."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location(f"minddp._graded_{lesson}", path)
+    package, _, module = f"minddp.{lesson}".rpartition(".")
+    spec = importlib.util.spec_from_file_location(f"{package}._graded_{module}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -109,7 +112,7 @@ def load_lesson(name):
 def report(file, name, results):
     """The text report: a line per check, its difference and diagnosis, and the verdict."""
     exercise = EXERCISES[name]
-    lines = [f"graded {file}: exercise {name!r} (minddp/{exercise.lesson}.py) against"
+    lines = [f"graded {file}: exercise {name!r} (minddp/{exercise.path}) against"
              f" {exercise.against}"]
     for r in results:
         outcome = outcome_of(r)
