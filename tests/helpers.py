@@ -34,7 +34,12 @@ HANG_S = 600  # a run still going after this long is hung (the slowest takes ~40
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+_OUT_DIR = None  # a rank's folder of results: where the shared spawn notes its progress
+
+
 def _entry(fn, rank, world_size, store_file, out_dir, args, gpu, environ):
+    global _OUT_DIR
+    _OUT_DIR = out_dir
     try:
         # The environment of the test that started the rank, not the one the fork server
         # started with: what a spawned rank would see.
@@ -82,11 +87,14 @@ def run_ranks(fn, world_size, *args, timeout=HANG_S, gpu=False):
                  for r in range(world_size)]
         for p in procs:
             p.start()
-        deadline = time.monotonic() + timeout
+        deadline, progress = time.monotonic() + timeout, set()
         try:
             while any(p.is_alive() for p in procs):
                 if any(p.exitcode not in (None, 0) and not d.exists() for p, d in zip(procs, done)):
                     break  # one rank failed: the others would wait for it forever
+                noted = set(Path(tmp).glob("*.progress"))
+                if noted - progress:  # a shared spawn finished one more function: the bound
+                    progress, deadline = noted, time.monotonic() + timeout  # is per function
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"ranks still running after {timeout}s (a hang?)")
                 time.sleep(0.05)
@@ -160,6 +168,7 @@ def _run_shared(rank, world_size, work):
         except Exception:  # this function's tests fail with it; the others still run
             out[name] = (False, traceback.format_exc())
         dist.barrier()  # each module's work ends on every rank before the next begins
+        Path(_OUT_DIR, f"rank{rank}.{len(out)}.progress").touch()  # HANG_S from here on
     return out
 
 
