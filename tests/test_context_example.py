@@ -228,8 +228,11 @@ def _what_stock_does(world_size):
     with context_parallel(mesh, buffers=[x, y], buffer_seq_dims=[1, 1]):
         seen["views"] = x[0].tolist(), y[0].tolist()
     x = torch.arange(6).view(1, 6)
-    with context_parallel(mesh, buffers=[x], buffer_seq_dims=[1]):
-        seen["six"] = x[0].tolist()
+    try:  # (torch 2.11 and 2.12 assert the length, without a message)
+        with context_parallel(mesh, buffers=[x], buffer_seq_dims=[1]):
+            seen["six"] = x[0].tolist()
+    except AssertionError as error:
+        seen["six"] = f"AssertionError({error})"
     from minddp.bench.transformer import gpt
     model, x = gpt(tokens=8), torch.zeros(2, 8, dtype=torch.long)
     try:  # its public path, on CPU's attention kernel
@@ -269,8 +272,10 @@ def test_bad_input_is_one_line_and_stock_cuts_it_silently():
         # tokens this rank then holds are not its chunks, or not their targets.
         right = [0, 1, 2, 3, 12, 13, 14, 15] if rank == 0 else [4, 5, 6, 7, 8, 9, 10, 11]
         wrong.append(stock["views"] != (right, [t + 1 for t in right]))
-        # 6 tokens, zig-zag asked (stock's default): cut in order, without a word
-        assert stock["six"] == ([0, 1, 2] if rank == 0 else [3, 4, 5])
+        # 6 tokens, zig-zag asked (stock's default): cut in order, without a word (2.13);
+        # stock 2.11 and 2.12 stop at a bare assert instead
+        assert stock["six"] == (([0, 1, 2] if rank == 0 else [3, 4, 5])
+                                if torch.__version__ >= "2.13" else "AssertionError()")
         assert stock["public"] == ("Operator aten._scaled_dot_product_flash_attention_for_cpu"
                                    ".default does not have a sharding strategy registered.")
     assert wrong == [True, False]  # rank 0's tokens: [0, 1, 2, 3, 4, 13, ...], not 12, 13

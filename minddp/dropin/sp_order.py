@@ -18,6 +18,7 @@ from ..sp import SUM_HOOKS, summed
 
 # id(weight) -> (a weak reference to it, its tp group), for fully_shard's reduce. By id: a
 # WeakKeyDictionary compares tensors with ==, elementwise, on weights whose bytes are freed.
+# An entry leaves with its weight: kept, it would hold the group past its destroy.
 _PARTIAL = {}
 
 
@@ -30,7 +31,8 @@ def sum_each_backward(model):
 def leave_partial(model):
     """fully_shard's order: this rank's gradient left as it is; summed_if_partial sums it."""
     def make_hook(param, group):
-        _PARTIAL[id(param)] = (weakref.ref(param), group)
+        key = id(param)
+        _PARTIAL[key] = (weakref.ref(param, lambda _: _PARTIAL.pop(key, None)), group)
         return lambda grad: grad  # autograd adds the microbatches: this rank's own sum
     for module in model.modules():
         SUM_HOOKS[module] = make_hook
