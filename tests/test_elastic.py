@@ -380,9 +380,10 @@ def test_a_kill_during_save_leaves_the_previous_checkpoint_whole():
         proc = subprocess.Popen([sys.executable, "-c", SAVER, folder], cwd=REPO,
                                 stdout=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
         deadline = time.monotonic() + HANG_S
-        try:  # kill it while a save after the second is being written
+        try:  # kill it while a save after the second is being written (a checkpoint's
+            # .partial folder: latest.partial is there for a moment while step 2 is named)
             while not (os.path.exists(os.path.join(folder, "step-000002")) and
-                       any(n.endswith(".partial") for n in os.listdir(folder))):
+                       any(n.startswith(".step-") for n in os.listdir(folder))):
                 assert proc.poll() is None and time.monotonic() < deadline, "the saver stopped"
                 time.sleep(0.001)
         finally:
