@@ -7,7 +7,7 @@
 
 The small GPT (examples/context.py's: sequences of 16 tokens cut zig-zag over the ranks,
 fully_shard over them) trains 3 AdamW steps on the same batches twice: under stock's ring
-attention (dropin/stock_context.py) and under minddp's context_parallel with one piece
+attention (references/stock_context.py) and under minddp's context_parallel with one piece
 patched (the library itself stays unbroken). After each step every rank compares its
 logits and every weight with stock's; the first step where they part and by how much is the
 verdict. docs/context.md shows the output and says why.
@@ -36,10 +36,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import minddp.context as context
+import minddp.cp.ring_attention as context
 from minddp import GradTable, ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0
 from minddp.bench.transformer import Embedding, gpt
-from minddp.dropin.libraries import LIBRARIES
+from minddp.references.libraries import LIBRARIES
 
 TOKENS = 16
 

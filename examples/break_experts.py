@@ -1,4 +1,4 @@
-"""Break expert parallelism and see: minddp/ep.py with one piece wrong, against one process.
+"""Break expert parallelism and see: minddp/ep/parallel.py with one piece wrong, against one process.
 
     torchrun --nproc_per_node=2 examples/break_experts.py --break all     # each break in turn
     torchrun --nproc_per_node=2 examples/break_experts.py --break no-weights
@@ -7,7 +7,7 @@
 
 The MoE GPT (examples/experts.py's: 4 experts, top-2, every rank its own sequences) trains 3
 AdamW steps twice on the same batches: as one process on every rank's batch
-(tools/moe_reference.py) and under minddp's expert parallelism with one piece patched (the
+(references/moe.py) and under minddp's expert parallelism with one piece patched (the
 library itself stays unbroken). After each step every rank compares its loss and every
 weight with one process's; the first step where they part and by how much is the verdict.
 docs/experts.md shows the output and says why.
@@ -36,12 +36,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import minddp.experts as experts
+import minddp.ep.experts as experts
 from minddp import GradTable, ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0
 from minddp.bench.transformer import moe_gpt
-from minddp.ep import ExpertsOnRanks, expert_parallel, sync_gradients
-from minddp.mesh import init_device_mesh
-from minddp.tools.moe_reference import OneProcessMoEGPT
+from minddp.ep.parallel import ExpertsOnRanks, expert_parallel, sync_gradients
+from minddp.mesh.device_mesh import init_device_mesh
+from minddp.references.moe import OneProcessMoEGPT
 
 UNBROKEN = {"combine": experts.combine}
 

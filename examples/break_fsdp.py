@@ -5,7 +5,7 @@
 
 The model is the benchmark's 0.3M-parameter MLP (4 Linear layers of 256 x 256, a 10-way
 head), one unit per Linear layer; 3 AdamW steps beside an unbroken copy. Each break patches
-one method of the lesson's Unit (minddp/fsdp.py); the library itself stays unbroken. What is
+one method of the lesson's Unit (minddp/fsdp/shard.py); the library itself stays unbroken. What is
 measured: the bytes of whole (gathered) weights still allocated when forward ends, which
 resharding exists to free, and whether the weights equal the unbroken run's.
 docs/fsdp.md shows the output and says why.
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from minddp import ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0
 from minddp.bench.harness import mlp
-from minddp.fsdp import fully_shard, unit_of
+from minddp.fsdp.shard import fully_shard, unit_of
 from minddp.tools.whole_tensors import full_state_dict
 
 def skip_gather_before_backward(unit):

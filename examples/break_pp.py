@@ -1,4 +1,4 @@
-"""Break the pipeline and see: minddp/pp.py with one piece done wrong, against stock's.
+"""Break the pipeline and see: minddp/pp/stage.py with one piece done wrong, against stock's.
 
     torchrun --nproc_per_node=2 examples/break_pp.py --break loss-undivided --grad-table r.txt
     minddp diff r-minddp.txt r-stock.txt                      # names the factor: 4.000x
@@ -52,9 +52,9 @@ from torch.distributed import pipelining as stock_pp
 from minddp import (GradTable, UsageError, ddp_setup, ddp_teardown, exit_on_failure,
                     exit_on_usage_error, print0, print_rank)
 from minddp import pp
-from minddp.pp_v import zbv
-from minddp.pp_zero_bubble import add_bubbles
-from minddp.pp_interleaved import interleaved_1f1b
+from minddp.pp.v_shaped import zbv
+from minddp.pp.zero_bubble import add_bubbles
+from minddp.pp.interleaved import interleaved_1f1b
 
 N = 4  # microbatches
 

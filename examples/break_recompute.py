@@ -1,4 +1,4 @@
-"""Break recomputation and see: minddp/recompute.py's checkpoint beside stock's, one piece off.
+"""Break recomputation and see: minddp/memory/recompute.py's checkpoint beside stock's, one piece off.
 
     python examples/break_recompute.py --break all           # each break in turn
     python examples/break_recompute.py --break rng
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.distributed._composable import checkpoint as stock_checkpoint
 
 from minddp.bench.transformer import gpt
-from minddp.recompute import checkpoint_module
+from minddp.memory.recompute import checkpoint_module
 
 CHECKPOINTS = {"none": None,
                "minddp": lambda block, rng: checkpoint_module(block, preserve_rng_state=rng),

@@ -1,4 +1,4 @@
-"""Break tensor parallelism and see: minddp/tp.py with one piece done wrong, against stock's.
+"""Break tensor parallelism and see: minddp/tp/parallel.py with one piece done wrong, against stock's.
 
     torchrun --nproc_per_node=2 examples/break_tp.py --break all     # each break in turn
     torchrun --nproc_per_node=2 examples/break_tp.py --break bias-every-rank
@@ -38,7 +38,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import parallel as stock_tp
 
 import minddp.tp as minddp_tp
-import minddp.tp_ops as tp_ops
+import minddp.tp.ops as tp_ops
 from minddp import GradTable, ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0
 
 

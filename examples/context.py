@@ -12,8 +12,8 @@ rank has its own sequences, and the cp ranks of one dp rank share them, each hol
 of every sequence (zig-zag: chunks r and 2cp-1-r of 2cp; in order: chunk r of cp). Inside
 context_parallel the tokens, the targets and the model's positions buffer hold this rank's
 part, and F.scaled_dot_product_attention is ring attention over cp: minddp's
-(minddp/context_parallel.py) or, with --cp reference, stock's own context manager around
-torch's private ring kernels (minddp/dropin/stock_context.py; its public path refuses CPU's
+(minddp/cp/context_parallel.py) or, with --cp reference, stock's own context manager around
+torch's private ring kernels (minddp/references/stock_context.py; its public path refuses CPU's
 attention kernel). The weights are sharded over every rank (fully_shard on dp x cp, as
 torchtitan), which averages the gradients: each rank's loss is the mean over its tokens, the
 same number on every rank. Each rank prints its positions and its losses.
@@ -42,7 +42,7 @@ def parser():
 
 def checked(args, world_size=None):
     """The mesh and the sequence against the world, before any group: one line each."""
-    from minddp.usage_error import UsageError
+    from minddp.launch.usage_error import UsageError
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
     # (counts below 1 are refused by parse_checked, run/cli.py)
     if world_size % args.dp:
@@ -68,8 +68,8 @@ import torch.nn.functional as F
 
 from minddp import GradTable, ddp_setup, ddp_teardown, exit_on_failure, print0, print_rank
 from minddp.bench.transformer import gpt
-from minddp.context import chunk_ids
-from minddp.dropin.libraries import LIBRARIES  # minddp's calls, or stock's
+from minddp.cp.ring_attention import chunk_ids
+from minddp.references.libraries import LIBRARIES  # minddp's calls, or stock's
 
 
 def batch(args, step, dp_rank, device):

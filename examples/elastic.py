@@ -15,7 +15,7 @@
     minddp diff runs/elastic.txt runs/whole.txt             # --reduce ordered: IDENTICAL
 
 The global batch (--global-batch, 12) is the same at every world size: each rank takes
-12 / world_size samples per step, a run of whole virtual shards (minddp/elastic.py).
+12 / world_size samples per step, a run of whole virtual shards (minddp/elastic/resize.py).
 """
 
 from minddp.run.cli import lesson_parser, parse_checked  # no torch: a typo costs a moment
@@ -35,7 +35,7 @@ from minddp import (GradTable, NeuralNetwork, UsageError, broadcast_parameters, 
                     ddp_teardown, exit_on_failure, exit_on_usage_error, print0, print_rank,
                     toy_datasets)
 from minddp import BucketedDDP
-from minddp.elastic import (ElasticBatchSampler, check_world, ordered_average, set_gradients,
+from minddp.elastic.resize import (ElasticBatchSampler, check_world, ordered_average, set_gradients,
                             shard_gradients)
 from minddp.run.faults import hold_before
 from minddp.run.sharded_checkpoint import load_sharded, save_sharded

@@ -6,13 +6,13 @@
     torchrun --nproc_per_node=4 examples/experts.py --dp 2 --top-k 2 --capacity-factor 1.25
 
 nanoGPT's shape at CPU sizes with each block's MLP a layer of --experts experts
-(minddp.bench.transformer.moe_gpt; minddp/experts.py), --top-k of them per token, trained
+(minddp.bench.transformer.moe_gpt; minddp/ep/experts.py), --top-k of them per token, trained
 with AdamW on random token sequences, next-token loss plus --balance x Switch's balancing
 loss. Every rank trains on its own sequences. The ranks form a (dp, ep) mesh: the ep ranks
-split the experts between them (minddp/ep.py: tokens there and back by all_to_all), the dp
+split the experts between them (minddp/ep/parallel.py: tokens there and back by all_to_all), the dp
 ranks hold the same ones; ep.sync_gradients averages every gradient as one process on all
 the ranks' sequences would. With --ep reference every rank computes that one process
-(minddp/tools/moe_reference.py): every rank's sequences through every expert, no
+(minddp/references/moe.py): every rank's sequences through every expert, no
 all_to_all, the replicated weights' parts averaged by the same all_reduce. Each rank prints
 its experts, its loss and how many of its tokens' pairs each expert took (the first block).
 """
@@ -43,7 +43,7 @@ def parser():
 
 def checked(args, world_size=None):
     """The mesh and the layer against the world, before any group: one line each."""
-    from minddp.usage_error import UsageError
+    from minddp.launch.usage_error import UsageError
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
     # (counts below 1 are refused by parse_checked, run/cli.py)
     if world_size % args.dp:
@@ -74,9 +74,9 @@ import torch.nn.functional as F
 
 from minddp import GradTable, ddp_setup, ddp_teardown, exit_on_failure, print0, print_rank
 from minddp.bench.transformer import moe_gpt
-from minddp.ep import expert_parallel, sync_gradients
-from minddp.mesh import init_device_mesh
-from minddp.tools.moe_reference import OneProcessMoEGPT
+from minddp.ep.parallel import expert_parallel, sync_gradients
+from minddp.mesh.device_mesh import init_device_mesh
+from minddp.references.moe import OneProcessMoEGPT
 
 
 def batch(args, step, rank, device):

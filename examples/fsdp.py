@@ -7,7 +7,7 @@
     minddp diff runs/fsdp.txt runs/stock.txt          # IDENTICAL at 1 and 2 ranks
 
 examples/manual_ddp.py with the wrapper replaced: each Linear layer is a unit whose weights
-are gathered just before it runs and freed after (minddp/fsdp.py; docs/fsdp.md). The
+are gathered just before it runs and freed after (minddp/fsdp/shard.py; docs/fsdp.md). The
 optimizer is built after sharding, over the shards. Gradient tables hold whole gradients.
 """
 
@@ -23,7 +23,7 @@ from minddp import (GradTable, NeuralNetwork, all_reduce_accuracy, check_batches
                     ddp_setup, ddp_teardown, exit_on_failure, exit_on_usage_error, print0,
                     print_rank, toy_datasets)
 from minddp import ShardSampler
-from minddp.fsdp import fully_shard
+from minddp.fsdp.shard import fully_shard
 from torch.distributed.fsdp import fully_shard as stock_fully_shard
 
 

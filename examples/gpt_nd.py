@@ -12,14 +12,14 @@ nanoGPT's shape at CPU sizes (minddp.bench.transformer.gpt: token and learned po
 embeddings, pre-LN blocks with causal attention and an MLP, the output layer tied to the
 token embedding), trained with AdamW on random token sequences, next-token loss. The mesh
 (--mesh, outermost first) is built by minddp's init_device_mesh or stock's, and the model
-is parallelized in torchtitan's order (minddp/compose.py): cut into pipeline stages over pp
+is parallelized in torchtitan's order (minddp/mesh/compose.py): cut into pipeline stages over pp
 (1F1B, max(2, pp) microbatches), each block's layers split over tp, then fully_shard (or
 --dp ddp) over dp. Each dp rank trains on its own batches; the tp ranks of one dp rank share them.
---recompute runs each block under checkpoint (minddp/recompute.py; stock's composable
+--recompute runs each block under checkpoint (minddp/memory/recompute.py; stock's composable
 checkpoint), after TP and before fully_shard: full keeps only the block's input, selective
 the matmuls' and attention's outputs too; --dropout puts nanoGPT's residual dropout in.
---clip clips the norm of the whole model's gradient, taken over every rank (minddp/clip.py;
-stock's calls in torchtitan's way, dropin/libraries.py), after the table records it.
+--clip clips the norm of the whole model's gradient, taken over every rank (minddp/mesh/clip.py;
+stock's calls in torchtitan's way, references/libraries.py), after the table records it.
 Each rank prints its coordinates and what it holds; the gradient table holds each rank's
 whole gradients, gathered over dp and tp (a pipeline's other stages' weights: NaN).
 """
@@ -55,8 +55,8 @@ def parser():
 
 def checked(args, world_size=None):
     """The mesh against the model and the world (torchrun's), before any group: one line."""
-    from minddp.mesh_plan import check_fits, parse_mesh
-    from minddp.usage_error import UsageError
+    from minddp.mesh.plan import check_fits, parse_mesh
+    from minddp.launch.usage_error import UsageError
     args.shape, args.names = parse_mesh(args.mesh)
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
     check_fits(args.shape, args.names, world_size,
@@ -87,9 +87,9 @@ import torch.nn.functional as F
 
 from minddp import (GradTable, ddp_setup, ddp_teardown, exit_on_failure, print0, print_rank)
 from minddp.bench.transformer import gpt
-from minddp.compose import holdings, parallelize, pipeline
-from minddp.dropin.libraries import LIBRARIES  # minddp's calls, or stock's
-from minddp.recompute import POLICIES  # --recompute: the ops each policy keeps
+from minddp.mesh.compose import holdings, parallelize, pipeline
+from minddp.references.libraries import LIBRARIES  # minddp's calls, or stock's
+from minddp.memory.recompute import POLICIES  # --recompute: the ops each policy keeps
 
 
 def next_token_loss(logits, targets):

@@ -6,13 +6,13 @@
     torchrun --nproc_per_node=2 examples/pipeline.py --schedule zbv --grad-table runs/zbv.txt
 
 examples/manual_ddp.py with the wrapper replaced: rank s holds stage s of the model's layers
-(minddp/pp.py; docs/pp.md), e.g. at 2 ranks Linear(2, 30), ReLU, Linear(30, 20) on rank 0
+(minddp/pp/stage.py; docs/pp.md), e.g. at 2 ranks Linear(2, 30), ReLU, Linear(30, 20) on rank 0
 and ReLU, Linear(20, 2) on rank 1. Every rank walks the same batches; each batch of 4 is cut
 into --microbatches pieces that flow forward and back in the --schedule's order, which rank
 prints for the first batch. The last stage computes the loss; a gradient table holds each
 rank's own stage (the other stages' weights, which have no gradient there, as NaN).
 --schedule interleaved-1f1b, looped-bfs, zb1p, zbv and dualpipev run 2 stages per rank
-(pp_interleaved.py, pp_zero_bubble.py, pp_v.py): the model gets Linear(20, 20) and ReLU
+(pp/interleaved.py, pp/zero_bubble.py, pp/v_shaped.py): the model gets Linear(20, 20) and ReLU
 before its last layer until each of the 2 x ranks stages holds one (at 2 ranks: one pair);
 zbv and dualpipev place them in a V (rank 0 holds the first and the last stage), and
 dualpipev needs --microbatches of at least 2 x ranks.
@@ -31,8 +31,8 @@ from minddp import (GradTable, NeuralNetwork, ddp_setup, ddp_teardown, exit_on_f
 from minddp import ShardSampler
 import minddp.pp as minddp_pp
 from torch.distributed import pipelining as stock_pp
-from minddp.pp_interleaved import loop_placement
-from minddp.pp_v import v_placement
+from minddp.pp.interleaved import loop_placement
+from minddp.pp.v_shaped import v_placement
 from minddp.run import older_torch  # noqa: F401  (torch 2.11 and 2.12: stock's stages as 2.13's)
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",  # --schedule: the class

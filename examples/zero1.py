@@ -6,7 +6,7 @@
 
 examples/manual_ddp.py with the optimizer changed: AdamW (two state tensors per parameter),
 sharded. Each rank keeps the state for its shard of the parameters only, updates that shard,
-and receives the rest from their owners (minddp/zero.py; docs/zero1.md); after training
+and receives the rest from their owners (minddp/zero/optimizer.py; docs/zero1.md); after training
 each rank prints which parameters' state it holds and how many bytes. `--zero stock` shards
 with PyTorch's ZeroRedundancyOptimizer instead.
 """

@@ -4,12 +4,16 @@
     torchrun --nproc_per_node=2 examples/manual_ddp.py
     minddp --help                         # every tool: diff, timeline, bench, ...
 
-The files at this level are the lessons, each read top to bottom (`minddp lessons` gives
-the order). Around them, four folders, each for one kind of reader:
-    dropin/  stock's whole contract on top of the lessons, for real training code
-    tools/   instruments: gradient tables, the diff, replicas, the timeline, pictures
-    bench/   what each lesson costs, measured beside stock
-    run/     what every example needs: flags, errors, the toy problem, checkpoints
+The folders at this level are the course's chapters, in the reading order (`minddp lessons`):
+    launch/ collectives/ ddp/ zero/ fsdp/ tp/ pp/ elastic/ mesh/ memory/ cp/ ep/
+each a folder of lessons read top to bottom, its __init__.py the chapter's first page.
+Around them, six folders, each for one kind of reader:
+    dropin/      stock's whole contract on top of the lessons, for real training code
+    references/  what a lesson is proved against where stock has no public twin
+    grader/      exercises made from the lessons, a student's file graded beside stock
+    tools/       instruments: gradient tables, the diff, replicas, the timeline, pictures
+    bench/       what each lesson costs, measured beside stock
+    run/         what every example needs: flags, errors, the toy problem, checkpoints
 
 `from minddp import NAME` takes the names below from the files that define them, when first
 asked: importing minddp itself needs no process group and no torch (`minddp diff` starts in
@@ -19,13 +23,13 @@ a fraction of a second). The lessons import each other, never this file.
 import importlib
 
 PUBLIC = {  # name -> the module that defines it
-    "UsageError": "usage_error",
-    "ShardSampler": "sampler", "check_batches": "sampler",
-    "broadcast_parameters": "broadcast", "check_same_model": "broadcast",
-    "DDPEnv": "launch", "ddp_setup": "launch", "ddp_teardown": "teardown", "print0": "launch",
-    "print_rank": "launch",
-    "NaiveDDP": "naive", "BucketedDDP": "bucketed", "ShardedOptimizer": "zero",
-    "ring_attention": "context",
+    "UsageError": "launch.usage_error",
+    "ShardSampler": "ddp.sampler", "check_batches": "ddp.sampler",
+    "broadcast_parameters": "ddp.broadcast", "check_same_model": "ddp.broadcast",
+    "DDPEnv": "launch.start", "ddp_setup": "launch.start", "ddp_teardown": "launch.teardown", "print0": "launch.start",
+    "print_rank": "launch.start",
+    "NaiveDDP": "ddp.naive", "BucketedDDP": "ddp.bucketed", "ShardedOptimizer": "zero.optimizer",
+    "ring_attention": "cp.ring_attention",
     "ManualDDP": "dropin.ddp", "fully_shard": "dropin.fsdp", "MixedPrecisionPolicy": "dropin.fsdp",
     "GradTable": "tools.gradtable", "check_replicas": "tools.replicas",
     "ReplicaError": "tools.replicas",

@@ -16,8 +16,8 @@ import sys
 COMMANDS = {  # subcommand: (module, what it does)
     "lessons": ("minddp.tools.course", "the reading order: each file's size and idea"),
     "diff": ("minddp.tools.diff", "compare two gradient tables, element by element"),
-    "exercise": ("minddp.tools.exercises", "a lesson with its ideas taken out, for a student"),
-    "grade": ("minddp.tools.grade", "a student's lesson file against stock, bit for bit"),
+    "exercise": ("minddp.grader.exercises", "a lesson with its ideas taken out, for a student"),
+    "grade": ("minddp.grader.grade", "a student's lesson file against stock, bit for bit"),
     "timeline": ("minddp.bench.timeline", "when backward computes and each all-reduce runs"),
     "bench": ("minddp.bench.ddp", "step time: naive, bucketed and stock DDP, as ratios"),
     "zero-bench": ("minddp.bench.zero", "ZeRO-1: optimizer state per rank, step time"),

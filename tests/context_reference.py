@@ -4,7 +4,7 @@
 
 reference_attention(): every rank's part of the sequence in one process, each rank's blocks
 computed in the ring's order and merged by their log-sum-exp, backward in the order the ring
-adds. It is written from the positions alone, not from minddp/context.py's rule: a query
+adds. It is written from the positions alone, not from minddp/cp/ring_attention.py's rule: a query
 sees a key at or before it (causal), and the part of a block to compute is the rows that
 see any of its keys and the keys any of those rows sees; the mask within that part must be
 none or the causal triangle (the one kernel call a ring makes per block), else it refuses.
@@ -20,7 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from minddp.blockwise import KERNELS
+from minddp.cp.blockwise import KERNELS
 
 
 def chunk_ids(rank, world_size, zigzag):

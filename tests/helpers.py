@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from minddp.run import older_torch, warm  # noqa: F401  (older_torch: stock's stages, 2.11)
-from minddp.teardown import ddp_teardown, group_threads
+from minddp.launch.teardown import ddp_teardown, group_threads
 
 REPO = Path(__file__).resolve().parent.parent
 HANG_S = 600  # a run still going after this long is hung (the slowest takes ~40 s, loaded)
@@ -50,7 +50,7 @@ def _entry(fn, rank, world_size, store_file, out_dir, args, gpu, environ):
             # hiding it here, before any CUDA call, is in time).
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
         torch.set_num_threads(1)
-        # (minddp.launch, imported above, imported torch._dynamo before any group: launch.py)
+        # (minddp.launch.start, imported above, imported torch._dynamo before any group: launch/start.py)
         # A file store: no TCP port, so concurrent test runs never collide.
         dist.init_process_group("gloo", init_method=f"file://{store_file}",
                                 rank=rank, world_size=world_size)

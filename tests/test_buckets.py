@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers import run_ranks, share_spawn, shared_results
 from minddp import BucketedDDP, ManualDDP, NeuralNetwork
-from minddp.bucket_layout import MB, assign_buckets, bucket_size_limits
+from minddp.ddp.bucket_layout import MB, assign_buckets, bucket_size_limits
 
 
 def _lesson_model():

@@ -22,8 +22,8 @@ import torch
 from helpers import (REPO, assert_identical_tables, load_script, printed_by_main, run,
                      share_spawn, shared_results, torchrun)
 from minddp import UsageError
-from minddp.launch import DDPEnv
-from minddp.mesh_plan import check_fits, parse_mesh
+from minddp.launch.start import DDPEnv
+from minddp.mesh.plan import check_fits, parse_mesh
 from minddp.tools.tables import read_table
 
 SCRIPT = REPO / "examples" / "gpt_nd.py"
@@ -61,8 +61,8 @@ def _what_stock_does(rank, world_size):
     """Stock's own clip_grad_norm_ on FSDP over TP, and DDP over TP's parameters in forward."""
     import torch.nn.functional as F
     from minddp.bench.transformer import gpt
-    from minddp.compose import parallelize
-    from minddp.dropin.libraries import LIBRARIES
+    from minddp.mesh.compose import parallelize
+    from minddp.references.libraries import LIBRARIES
     seen = {}
     for dp in ("fsdp", "ddp"):
         lib = LIBRARIES["stock"]

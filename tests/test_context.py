@@ -1,4 +1,4 @@
-"""Context parallelism (minddp/context.py, context_parallel.py) against stock's ring, one process.
+"""Context parallelism (minddp/cp/ring_attention.py, context_parallel.py) against stock's ring, one process.
 
     pytest tests/test_context.py
 
@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 import context_reference as ref
 from helpers import share_spawn, shared_results
-from minddp.blockwise import by_hand, fused
-from minddp.context import ring_attention
+from minddp.cp.blockwise import by_hand, fused
+from minddp.cp.ring_attention import ring_attention
 
 CASES = [(False, False), (True, False), (True, True), (False, True)]  # (causal, zigzag)
 IDS = ["full", "causal", "causal-zigzag", "full-zigzag"]
@@ -229,7 +229,7 @@ def _gpt(rank, world_size, dp, zigzag, reduce, impl):
     gradients averaged by fully_shard over every rank or in rank order (`reduce`); and the
     one-process model on the same batches. (losses, gradients, weights) of both."""
     from minddp.bench.transformer import gpt
-    from minddp.dropin.libraries import LIBRARIES
+    from minddp.references.libraries import LIBRARIES
     lib, cp = LIBRARIES[impl], world_size // dp
     mesh = lib.init_device_mesh("cpu", (dp, cp), mesh_dim_names=("dp", "cp"))
     torch.manual_seed(0)
@@ -301,7 +301,7 @@ def _gpt_float64(rank, world_size, impl):
     """The small GPT in float64, one step under `impl`'s context_parallel (cp=2, zig-zag):
     [this rank's loss, its own gradients] (not averaged: the ring alone is compared)."""
     from minddp.bench.transformer import gpt
-    from minddp.dropin.libraries import LIBRARIES
+    from minddp.references.libraries import LIBRARIES
     lib = LIBRARIES[impl]
     mesh = lib.init_device_mesh("cpu", (1, world_size), mesh_dim_names=("dp", "cp"))
     torch.manual_seed(0)

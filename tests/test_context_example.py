@@ -26,7 +26,7 @@ import torch
 from helpers import (REPO, assert_identical_tables, load_script, printed_by_main, run,
                      share_spawn, shared_results, torchrun, usage_errors)
 from minddp import UsageError
-from minddp.launch import DDPEnv
+from minddp.launch.start import DDPEnv
 
 SCRIPT = REPO / "examples" / "context.py"
 BREAK = REPO / "examples" / "break_context.py"
@@ -173,9 +173,9 @@ def test_cp_bench_measures_the_formulas(tmp_path):
 
 
 def _refusals(rank, world_size):
-    from minddp.context import ring_attention
-    from minddp.context_parallel import context_parallel
-    from minddp.mesh import init_device_mesh
+    from minddp.cp.ring_attention import ring_attention
+    from minddp.cp.context_parallel import context_parallel
+    from minddp.mesh.device_mesh import init_device_mesh
     import torch.nn.functional as F
     mesh = init_device_mesh("cpu", (world_size,))
     q = torch.randn(1, 2, 4, 8)
@@ -208,7 +208,7 @@ def _refusals(rank, world_size):
 
 def _positions_left_out(mesh):
     from minddp.bench.transformer import gpt
-    from minddp.context_parallel import context_parallel
+    from minddp.cp.context_parallel import context_parallel
     model = gpt(tokens=8)
     x = torch.zeros(2, 8, dtype=torch.long)
     with context_parallel(mesh, buffers=[x], buffer_seq_dims=[1]):

@@ -36,7 +36,7 @@ def test_readme_sizes_are_the_files_sizes():
     readme = (REPO / "README.md").read_text()
     for path, lines in re.findall(r"`(minddp/[\w/]+\.py)` \((\d+)", readme):  # the folders
         assert len((REPO / path).read_text().splitlines()) == int(lines), path
-    for doc in (REPO / "docs").glob("*.md"):  # "`minddp/pp.py` (178 lines)" in a docs page
+    for doc in (REPO / "docs").glob("*.md"):  # "`minddp/pp/stage.py` (178 lines)" in a docs page
         for path, lines in re.findall(r"`((?:minddp|examples)/[\w/]+\.py)` \((\d+) lines",
                                       doc.read_text()):
             assert len((REPO / path).read_text().splitlines()) == int(lines), (doc.name, path)
@@ -47,10 +47,9 @@ def test_the_reading_order_is_made_from_the_files():
     from minddp.tools.course import ORDER, in_doc, table
     assert in_doc((REPO / "docs" / "course.md").read_text()) == table()
     assert len(ORDER) == len(set(ORDER)), "the reading order names a file twice"
-    lessons = {f"minddp/{p.name}" for p in (REPO / "minddp").glob("*.py")
-               if not p.name.startswith("__")}
-    chapter = REPO / "minddp" / "collectives"  # chapter 0: a folder of lessons
-    lessons |= {f"minddp/collectives/{p.name}" for p in chapter.glob("*.py")}
+    from test_layout import CHAPTERS  # every file of every chapter, its first page too
+    lessons = {p.relative_to(REPO).as_posix() for c in CHAPTERS
+               for p in (REPO / "minddp" / c).glob("*.py")}
     assert lessons <= set(ORDER), f"lessons missing from the reading order: {lessons - set(ORDER)}"
     assert set(ORDER) - lessons <= {f"examples/{p.name}" for p in (REPO / "examples").glob("*.py")}
 
@@ -160,7 +159,7 @@ def test_write_sizes_mends_a_size_that_drifted(tmp_path):
     assert wrong != readme
     (tmp_path / "README.md").write_text(wrong)
     course = tmp_path / "docs" / "course.md"  # and a reading-order row
-    course.write_text(re.sub(r"(\| `minddp/launch.py` \| )\d+", r"\g<1>1", course.read_text()))
+    course.write_text(re.sub(r"(\| `minddp/launch/start.py` \| )\d+", r"\g<1>1", course.read_text()))
     assert course.read_text() != (REPO / "docs" / "course.md").read_text()
     write_sizes(tmp_path)
     assert (tmp_path / "README.md").read_text() == readme

@@ -49,8 +49,8 @@ import minddp
 import minddp.run.cli
 import minddp.tools.tables
 from helpers import HANG_S, REPO, TAG, kill_tagged, share_spawn, shared_results
-from minddp.teardown import forget_dtensor_caches
-from minddp.elastic import (ElasticBatchSampler, check_world, ordered_average, reshard_plan,
+from minddp.launch.teardown import forget_dtensor_caches
+from minddp.elastic.resize import (ElasticBatchSampler, check_world, ordered_average, reshard_plan,
                             set_gradients, shard_gradients, shard_rows)
 from minddp.run.sharded_checkpoint import OPTIONS, latest, load_sharded, save_sharded
 

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers import HANG_S, REPO, Hang, kill_tagged, run, run_ranks, tagged_pids, torchrun
 from minddp import GradTable, ManualDDP, ddp_teardown
-from minddp.teardown import group_threads, let_go_of_groups, stock_leaked_meshes
+from minddp.launch.teardown import group_threads, let_go_of_groups, stock_leaked_meshes
 
 EXAMPLES = REPO / "examples"
 

@@ -1,4 +1,4 @@
-"""Mixture of experts (minddp/experts.py) and expert parallelism (minddp/ep.py) against one process.
+"""Mixture of experts (minddp/ep/experts.py) and expert parallelism (minddp/ep/parallel.py) against one process.
 
     pytest tests/test_experts.py
 
@@ -8,7 +8,7 @@ keeps each expert's first tokens. Then expert parallelism at 2 and 4 ranks (ep=W
 dp=2 x ep=2), top-1 and top-2, dropless and with a capacity, every rank its own number of
 tokens: 3 AdamW steps, each rank's output, the router's and every expert's gradient and
 every weight after `torch.equal` to one process on the whole batch
-(minddp/tools/moe_reference.py: each expert run once per ep group on the rows in the order
+(minddp/references/moe.py: each expert run once per ep group on the rows in the order
 (rank, token) the all_to_all delivers them; the replicated weights' rank parts added in
 rank order). The small GPT with MoE MLPs likewise. At 2 ranks the gradients are averaged by
 ep.sync_gradients itself (a + b = b + a); at 4 the replicated ones in rank order on both
@@ -23,8 +23,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from helpers import share_spawn, shared_results, usage_errors
-from minddp.experts import MoE, sort_by_expert
-from minddp.tools.moe_reference import (OneProcessMoEGPT, balance_by_definition, dense_moe,
+from minddp.ep.experts import MoE, sort_by_expert
+from minddp.references.moe import (OneProcessMoEGPT, balance_by_definition, dense_moe,
                                         one_process_moe, rank_order_sum)
 
 
@@ -71,13 +71,13 @@ def _tokens(rank, step):
 
 
 def _mesh(world_size, dp):
-    from minddp.mesh import init_device_mesh
+    from minddp.mesh.device_mesh import init_device_mesh
     return init_device_mesh("cpu", (dp, world_size // dp), mesh_dim_names=("dp", "ep"))
 
 
 def _sync(model, mesh, world_size):
     """ep.sync_gradients at 2 ranks; at 4, the replicated weights in rank order."""
-    from minddp import ep
+    from minddp.ep.parallel import parallel as ep
     if world_size == 2:
         return ep.sync_gradients(model, mesh)
     experts = {id(p) for m in model.modules() if isinstance(m, ep.ExpertsOnRanks)
@@ -95,7 +95,7 @@ def _sync(model, mesh, world_size):
 
 def _layer(rank, world_size, dp, top_k, capacity):
     """3 AdamW steps of one MoE layer under expert parallelism, and of one process."""
-    from minddp.ep import expert_parallel
+    from minddp.ep.parallel import expert_parallel
     torch.manual_seed(0)
     layer = MoE(8, 16, 8, top_k=top_k, capacity_factor=capacity)
     master = copy.deepcopy(layer)
@@ -161,7 +161,7 @@ def test_expert_parallel_layer_is_one_process_on_the_whole_batch(world_size, cas
 def _gpt(rank, world_size, dp, top_k, capacity):
     """The MoE GPT, 3 AdamW steps, expert-parallel and one process: what differs."""
     from minddp.bench.transformer import moe_gpt
-    from minddp.ep import expert_parallel
+    from minddp.ep.parallel import expert_parallel
     torch.manual_seed(0)
     model = moe_gpt(experts=4, top_k=top_k, capacity_factor=capacity)
     master = copy.deepcopy(model)
@@ -211,8 +211,8 @@ def test_the_moe_gpt_under_expert_parallelism_is_the_one_process_model(world_siz
 
 
 def _refusals(rank, world_size):
-    from minddp.ep import ExpertsOnRanks
-    from minddp.experts import Experts
+    from minddp.ep.parallel import ExpertsOnRanks
+    from minddp.ep.experts import Experts
     return usage_errors([
         ("split", lambda: ExpertsOnRanks(Experts(8, 16, 3))),
         ("top_k", lambda: MoE(8, 16, 4, top_k=5)),

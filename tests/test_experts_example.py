@@ -25,7 +25,7 @@ import torch
 from helpers import (REPO, assert_identical_tables, load_script, printed_by_main, run,
                      share_spawn, shared_results, torchrun)
 from minddp import UsageError
-from minddp.launch import DDPEnv
+from minddp.launch.start import DDPEnv
 
 SCRIPT = REPO / "examples" / "experts.py"
 BREAK = REPO / "examples" / "break_experts.py"
@@ -102,7 +102,7 @@ def test_a_run_that_cannot_place_its_experts_is_one_line(argv, world_size, messa
 
 def _breaks(rank, world_size, tables):
     """examples/break_experts.py's run() under each break: every rank's verdict."""
-    from minddp.mesh import init_device_mesh
+    from minddp.mesh.device_mesh import init_device_mesh
     script = load_script(BREAK)
     os.makedirs(tables, exist_ok=True)
     script.args = argparse.Namespace(grad_table=os.path.join(tables, "break.txt"))

@@ -179,7 +179,7 @@ def test_stuck_peer_fails_within_the_timeout():
     assert "process-group timeout (--timeout S" in result.stderr
     # No assertion on the time it took (a busy machine stretches it): gloo's message names
     # the 3 s timeout in force. The ranks wait for each other to start before that clock
-    # runs (launch.py), so a slow start on a busy machine is not taken for a stuck peer.
+    # runs (launch/start.py), so a slow start on a busy machine is not taken for a stuck peer.
     print(f"stuck peer: failed after {elapsed:.1f} s (timeout 3 s, startup included)")
 
 

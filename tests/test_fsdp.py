@@ -7,7 +7,7 @@ stock `fully_shard` and once under minddp's; after every step each rank's shards
 `torch.equal` to stock's `to_local()`. foreach=False on both sides (the for-loop kernels; on
 CPU that is the default anyway). Each case is a test of its own, named on failure; the
 cases of one world size share that world size's spawn. "minddp" is `minddp.fully_shard`
-(the drop-in), "lesson" the lecture's `minddp.fsdp.fully_shard` under it (fp32 cases).
+(the drop-in), "lesson" the lecture's `minddp.fsdp.shard.fully_shard` under it (fp32 cases).
 """
 
 import copy
@@ -22,7 +22,7 @@ from torch.distributed.fsdp import fully_shard as stock_fully_shard
 from helpers import share_spawn, shared_results, usage_errors
 from minddp import ManualDDP
 from minddp import MixedPrecisionPolicy, fully_shard
-from minddp.fsdp import fully_shard as lesson_fully_shard
+from minddp.fsdp.shard import fully_shard as lesson_fully_shard
 from minddp.tools.whole_tensors import full_gradients, full_state_dict, load_full_state_dict
 
 

@@ -1,4 +1,4 @@
-"""The exercises and the grader (minddp/tools/exercises.py, grade.py): planted mistakes, named.
+"""The exercises and the grader (minddp/grader/exercises.py, grade.py): planted mistakes, named.
 
     pytest tests/test_grade.py
 
@@ -20,11 +20,11 @@ import tempfile
 import pytest
 
 from helpers import REPO, run, share_spawn, shared_results
-from minddp.tools.exercises import EXERCISES, starting_file
-from minddp.tools.grade import load
-# (imported here, before the spawned ranks start their group: grade_checks imports
+from minddp.grader.exercises import EXERCISES, starting_file
+from minddp.grader.student import load
+# (imported here, before the spawned ranks start their group: the checks import
 # torch.distributed.optim, which imported after init_process_group keeps the group alive)
-from minddp.tools.grade_checks import CHECKS
+from minddp.grader.checks import CHECKS
 
 # exercise -> [(mistake, lesson text, replaced by, what the diagnosis must say)]
 PLANTED = {
@@ -150,7 +150,7 @@ def _grade(rank, world_size):
     graded = {}
     with tempfile.TemporaryDirectory() as directory:  # this rank's own copies
         for i, ((name, what), source) in enumerate(sorted(_sources().items())):
-            path = pathlib.Path(directory, f"{i}", EXERCISES[name].file)
+            path = pathlib.Path(directory, f"{i}", f"{name}.py")
             path.parent.mkdir()
             path.write_text(source)
             try:  # every rank raises alike here (a planted mistake's, or a TODO's)
@@ -193,17 +193,17 @@ def _planted(tmp_path, name, mistake, folder="planted"):
     """The lesson with one planted mistake, written as a student's file."""
     exercise = EXERCISES[name]
     old, new = next((o, n) for m, o, n, _ in PLANTED[name] if m == mistake)
-    path = tmp_path / folder / exercise.file
+    path = tmp_path / folder / f"{name}.py"
     path.parent.mkdir()
     path.write_text((REPO / "minddp" / exercise.path).read_text().replace(old, new))
     return path
 
 
 def test_grading_a_lesson_as_a_student_does_passes_and_exits_0():
-    result = run([sys.executable, "-m", "minddp", "grade", "minddp/naive.py"])
+    result = run([sys.executable, "-m", "minddp", "grade", "minddp/ddp/naive.py"])
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     assert result.stdout.splitlines()[0] == (
-        "graded minddp/naive.py: exercise 'naive' (minddp/naive.py) against"
+        "graded minddp/ddp/naive.py: exercise 'naive' (minddp/ddp/naive.py) against"
         " torch.nn.parallel.DistributedDataParallel")
     assert "  2 ranks, the toy model, SGD: passed" in result.stdout
     assert result.stdout.splitlines()[-1] == "verdict: 6 of 6 checks passed: every one, bit for bit"
@@ -261,7 +261,7 @@ PEER_LEFT = ("Traceback (most recent call last):\n  File \"{file}\", line 7, in 
 def test_a_hang_is_reported_alike_whichever_rank_notices_first(tmp_path, race):
     """What the grader controls: the report from what the ranks left, in every order of the
     race (rank 0 went on without the all_reduce; rank 1 waits in it)."""
-    from minddp.tools.grade_run import report
+    from minddp.grader.ranks import report
     student = tmp_path / "naive.py"
     student.write_text("")
     (tmp_path / "rank0.collectives").write_text("in broadcast (naive.py line 3)\ndone\n")
@@ -277,7 +277,7 @@ def test_a_hang_is_reported_alike_whichever_rank_notices_first(tmp_path, race):
 
 
 def test_the_rank_that_says_why_is_reported_not_the_peer_that_saw_it_leave(tmp_path):
-    from minddp.tools.grade_run import report
+    from minddp.grader.ranks import report
     student = tmp_path / "sharded.py"
     student.write_text("")
     (tmp_path / "rank0.error").write_text(PEER_LEFT.format(file=student.resolve()))
@@ -365,10 +365,10 @@ def test_a_group_without_rank_0_averaged_over_the_whole_world_is_named(tmp_path)
 
 
 def test_a_warm_up_not_clamped_to_the_microbatches_is_caught_at_3_ranks(tmp_path):
-    (tmp_path / "pp_schedules.py").write_text((REPO / "minddp" / "pp_schedules.py").read_text()
-                                              .replace("warmup = min(n, num_stages - stage_index)",
-                                                       "warmup = num_stages - stage_index"))
-    graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "pp_schedules.py"),
+    (tmp_path / "pp.py").write_text((REPO / "minddp" / "pp" / "schedules.py").read_text()
+                                    .replace("warmup = min(n, num_stages - stage_index)",
+                                             "warmup = num_stages - stage_index"))
+    graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "pp.py"),
                   "--ranks", "3", "--json"])
     assert graded.returncode == 1
     [failed] = [c for c in json.loads(graded.stdout)["checks"] if c["outcome"] == "failed"]
@@ -377,7 +377,7 @@ def test_a_warm_up_not_clamped_to_the_microbatches_is_caught_at_3_ranks(tmp_path
 
 
 def test_minddp_exercise_makes_the_folder_it_is_given(tmp_path):
-    from minddp.tools.exercises import main
+    from minddp.grader.exercises import main
     assert main(["naive", str(tmp_path / "exercises")]) == 0  # docs/grade.md's first command
     assert (tmp_path / "exercises" / "naive.py").read_text().startswith("# minddp exercise")
     (tmp_path / "a file").write_text("")
@@ -387,12 +387,12 @@ def test_minddp_exercise_makes_the_folder_it_is_given(tmp_path):
 def test_a_starting_file_written_by_minddp_exercise_is_graded_not_written_yet(tmp_path):
     wrote = run([sys.executable, "-m", "minddp", "exercise", "pp", str(tmp_path)])
     assert wrote.returncode == 0 and "wrote " in wrote.stdout, wrote.stderr
-    source = (tmp_path / "pp_schedules.py").read_text()
+    source = (tmp_path / "pp.py").read_text()
     assert source.startswith("# minddp exercise 'pp': write each TODO below")
     assert "warmup = " not in source and 'raise NotImplementedError("TODO: one_f_one_b")' in source
     again = run([sys.executable, "-m", "minddp", "exercise", "pp", str(tmp_path)])
     assert again.returncode == 2 and "exists: it would be overwritten" in again.stderr
-    graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "pp_schedules.py"),
+    graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "pp.py"),
                   "--ranks", "2"])
     assert graded.returncode == 1
     assert "diagnosis: not written yet: one_f_one_b still raises NotImplementedError" in \
@@ -461,6 +461,6 @@ def _run(grads, weights=None, start=None):
      "every gradient equal to stock's, the weights parting"),
 ])
 def test_each_diagnosis_from_its_numbers(ours, stock, said):
-    from minddp.tools.diagnosis import compare
+    from minddp.grader.diagnosis import compare
     passed, where, diagnosis = compare(ours, stock, 2)
     assert passed == (said == "") and said in diagnosis, (where, diagnosis)

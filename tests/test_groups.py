@@ -27,8 +27,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from helpers import share_spawn, shared_results
 from minddp import BucketedDDP, ManualDDP, NaiveDDP, NeuralNetwork, ShardedOptimizer, fully_shard
 from minddp import pp, tp
-from minddp.groups import global_rank, is_member, members
-from minddp.teardown import forget_dtensor_caches
+from minddp.launch.groups import global_rank, is_member, members
+from minddp.launch.teardown import forget_dtensor_caches
 
 GROUPS = {"2,3": [2, 3], "1,3": [1, 3]}
 WRAPPERS = {"NaiveDDP": NaiveDDP, "BucketedDDP": BucketedDDP, "ManualDDP": ManualDDP}

@@ -6,7 +6,7 @@
 import pytest
 
 from minddp import UsageError, exit_on_usage_error
-from minddp.backends import choose_backend
+from minddp.launch.backends import choose_backend
 
 
 def pick(backend="auto", device="auto", local_rank=0, local_world_size=1, world_size=None,

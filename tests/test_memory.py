@@ -39,8 +39,8 @@ def _held(rank, world_size):
     from minddp import ManualDDP, ShardedOptimizer, fully_shard, pp
     from minddp.bench.recompute import kept_bytes
     from minddp.bench.transformer import Block, gpt
-    from minddp.compose import tp_plan
-    from minddp.mesh import init_device_mesh
+    from minddp.mesh.compose import tp_plan
+    from minddp.mesh.device_mesh import init_device_mesh
     import minddp.tp as tp
     out = {}
     g = torch.Generator().manual_seed(rank)
@@ -78,7 +78,7 @@ def _held(rank, world_size):
                      _bytes(state), max(p.numel() for p in params))
     mesh = init_device_mesh("cpu", (world_size,))
     for policy in ("none", "selective", "full"):  # one block, split over tp=2
-        from minddp.recompute import POLICIES, checkpoint_module
+        from minddp.memory.recompute import POLICIES, checkpoint_module
         torch.manual_seed(0)
         block = Block(16, 4, dropout=0.1)
         tp.parallelize_module(block, mesh, tp_plan(tp))

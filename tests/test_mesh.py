@@ -1,4 +1,4 @@
-"""The device mesh (minddp/mesh.py) against init_device_mesh, and compositions on it vs stock's.
+"""The device mesh (minddp/mesh/device_mesh.py) against init_device_mesh, and compositions on it vs stock's.
 
     pytest tests/test_mesh.py
 
@@ -28,13 +28,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers import share_spawn, shared_results
 import minddp.pp
-import minddp.sp
+import minddp.tp.sequence_parallel
 import minddp.tp
 import minddp
 from minddp import ManualDDP, UsageError
 from minddp.bench.transformer import Block
-from minddp.groups import members
-from minddp.mesh import DeviceMesh, check_mesh, grid_groups, init_device_mesh
+from minddp.launch.groups import members
+from minddp.mesh.device_mesh import DeviceMesh, check_mesh, grid_groups, init_device_mesh
 
 SHAPES = {4: [(4,), (2, 2), (1, 4), (4, 1)], 8: [(2, 2, 2), (2, 4), (8,)]}
 NAMES = ("pp", "dp", "tp")
@@ -81,7 +81,7 @@ SP_PLAN = {"ln1": "sp", "attn": "gather", "attn.q": "col", "attn.k": "col", "att
 
 def _plan(library, plan):
     tp = {"stock": stock_tp, "minddp": minddp.tp}[library]
-    sp = {"stock": stock_tp, "minddp": minddp.sp}[library]
+    sp = {"stock": stock_tp, "minddp": minddp.tp.sequence_parallel}[library]
     styles = {"col": lambda: tp.ColwiseParallel(), "row": lambda: tp.RowwiseParallel(),
               "row-sp": lambda: tp.RowwiseParallel(output_layouts=Shard(1)),
               "sp": lambda: sp.SequenceParallel(),

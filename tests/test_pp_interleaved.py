@@ -1,4 +1,4 @@
-"""Virtual pipeline stages (minddp/pp_interleaved.py) against torch.distributed.pipelining.
+"""Virtual pipeline stages (minddp/pp/interleaved.py) against torch.distributed.pipelining.
 
     pytest tests/test_pp_interleaved.py
 
@@ -29,7 +29,8 @@ from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
 from helpers import (REPO, differences_from_stock, run, share_spawn, shared_results,
                      usage_errors)
-from minddp import pp, pp_interleaved, pp_v, pp_zero_bubble
+from minddp import pp
+from minddp.pp import interleaved as pp_interleaved, v_shaped as pp_v, zero_bubble as pp_zero_bubble
 
 WIDTH, BATCH, LOCAL = 16, 16, 2  # LOCAL: stages per rank
 
@@ -195,7 +196,7 @@ def _w_first(stages):
 def _batch_refused(rank, world_size):
     """Every schedule given a batch its microbatches do not divide: what each rank says.
     Only the first stage sees the batch; a rank of middle stages learns it from the refusal
-    that travels in the first activation's place (pp.py, PipelineStage.refuse)."""
+    that travels in the first activation's place (pp/stage.py, PipelineStage.refuse)."""
     said = {}
     for name in ["ScheduleGPipe", "Schedule1F1B"] + [f"Schedule{n}" for n in SCHEDULES]:
         local = 1 if name in ("ScheduleGPipe", "Schedule1F1B") else LOCAL
@@ -219,7 +220,7 @@ TABLES = os.path.join(tempfile.gettempdir(), f"minddp-pp-virtual-{os.getpid()}")
 
 def _example_tables(rank, world_size, tables):
     """examples/pipeline.py's main() for each virtual schedule, --pp manual and stock."""
-    from minddp.launch import DDPEnv
+    from minddp.launch.start import DDPEnv
     from minddp.run.cli import lesson_parser
     spec = importlib.util.spec_from_file_location("pipeline", REPO / "examples" / "pipeline.py")
     example = importlib.util.module_from_spec(spec)

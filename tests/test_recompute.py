@@ -1,4 +1,4 @@
-"""Activation recomputation (minddp/recompute.py) against torch.utils.checkpoint.
+"""Activation recomputation (minddp/memory/recompute.py) against torch.utils.checkpoint.
 
     pytest tests/test_recompute.py
 
@@ -29,7 +29,7 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
 from helpers import REPO, run, share_spawn, shared_results
 from minddp.bench.transformer import gpt
-from minddp.recompute import checkpoint, checkpoint_module
+from minddp.memory.recompute import checkpoint, checkpoint_module
 
 aten = torch.ops.aten
 SAVE = [aten.addmm.default, aten.mm.default,  # the matmuls, and attention: kept (selective)
@@ -147,8 +147,8 @@ def test_full_recomputes_the_matmuls_selective_only_the_cheap_ops():
 def _distributed(rank, world_size):
     """At 2 ranks: fully_shard (a unit per checkpointed block, then the model) and tensor
     parallelism (each block's plan, then the checkpoint around it), minddp's and stock's."""
-    from minddp.compose import tp_plan
-    from minddp.dropin.libraries import LIBRARIES
+    from minddp.mesh.compose import tp_plan
+    from minddp.references.libraries import LIBRARIES
     out = {}
     for how in ("fsdp", "tp"):
         runs = {}

@@ -1,4 +1,4 @@
-"""Tensor parallelism by hand (minddp/tp.py) against PyTorch's parallelize_module, bit for bit.
+"""Tensor parallelism by hand (minddp/tp/parallel.py) against PyTorch's parallelize_module, bit for bit.
 
     pytest tests/test_tp.py
 
@@ -25,7 +25,7 @@ from torch.distributed.tensor.parallel import parallelize_module as stock_parall
 
 from helpers import share_spawn, shared_results, usage_errors
 from minddp import ManualDDP
-import minddp.sp
+import minddp.tp.sequence_parallel
 import minddp.tp
 from minddp.bench.transformer import MLP, Attention, Block  # the benchmark's, small here
 from minddp.tp import ColwiseParallel, parallelize_module
@@ -124,7 +124,7 @@ PLANS = {  # model: (build, input shape, {submodule: style}, sequence parallel, 
 
 def _style(library, name):
     tp = {"stock": stock_tp, "minddp": minddp.tp}[library]
-    sp = {"stock": stock_tp, "minddp": minddp.sp}[library]
+    sp = {"stock": stock_tp, "minddp": minddp.tp.sequence_parallel}[library]
     return {"col": lambda: tp.ColwiseParallel(), "row": lambda: tp.RowwiseParallel(),
             "row-sp": lambda: tp.RowwiseParallel(output_layouts=Shard(1)),
             "sp": lambda: sp.SequenceParallel(),
@@ -194,7 +194,7 @@ def _mistakes(rank, world_size):
             "local output": lambda: ColwiseParallel(use_local_output=False),
             "col output layout": lambda: ColwiseParallel(output_layouts=Replicate()),
             "row input layout": lambda: minddp.tp.RowwiseParallel(input_layouts=Replicate()),
-            "gather kept local": lambda: minddp.sp.PrepareModuleInput(
+            "gather kept local": lambda: minddp.tp.sequence_parallel.PrepareModuleInput(
                 input_layouts=Shard(1), desired_input_layouts=Replicate(), use_local_output=True),
             "mixed input": lambda: _mixed(rank, world_size, "minddp")}.items())
 
@@ -239,7 +239,7 @@ def _single_style(rank, world_size):
 
 def _textbook_bias(rank, world_size):
     """The row split's bias added once, after the all_reduce: how far from stock's output?"""
-    from minddp.tp_ops import copy_to_ranks, sum_over_ranks
+    from minddp.tp.ops import copy_to_ranks, sum_over_ranks
     torch.manual_seed(0)
     base = MLP()
     stock = copy.deepcopy(base)

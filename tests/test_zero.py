@@ -17,7 +17,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from helpers import run, run_ranks, share_spawn, shared_results
 from minddp import ManualDDP, UsageError
-from minddp.zero import ShardedOptimizer
+from minddp.zero.optimizer import ShardedOptimizer
 
 
 class TiedFrozen(torch.nn.Module):

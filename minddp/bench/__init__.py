@@ -1,17 +1,24 @@
 """The benchmarks: what each lesson costs, measured beside stock PyTorch in the same run.
 
-For anyone who asks "and how fast is it?". One shared harness (harness.py: the models, a
-timed step, rounds in a shuffled order, ranks started here or by torchrun), then one
-benchmark per lesson, each a `minddp` subcommand: `minddp bench` (DDP: naive, bucketed,
-stock), `minddp zero-bench` (ZeRO-1), `minddp fsdp-bench` (FSDP: bytes per rank, bytes
-sent, step time), `minddp tp-bench` (tensor and sequence parallel against the formula),
-`minddp pp-bench` (the pipeline's bubble and activations per stage), `minddp mesh-bench`
-(every mesh of 4 and 8 ranks: what each rank holds and sends per dimension), `minddp
-cp-bench` (context parallel: who computes what, the bytes round the ring), `minddp
-ep-bench` (expert parallel: tokens per expert, the all_to_alls' bytes, what each rank holds) and
-`minddp timeline` (when backward computes and each all-reduce runs).
+For anyone who asks "and how fast is it?". One shared harness, then one benchmark per
+lesson, each a `minddp` subcommand:
+    harness.py      the models, one timed step, rounds in a shuffled order, ranks started
+    transformer.py  the transformers they train: blocks for TP, a small GPT for the mesh
+    ddp.py          `minddp bench`: no sync, naive, bucketed and stock DDP
+    timeline.py     `minddp timeline`: when backward computes and each all-reduce runs
+    collectives.py  `minddp collectives-bench`: chapter 0's collectives beside gloo's
+    zero.py         `minddp zero-bench`: ZeRO-1's optimizer state per rank, step time
+    fsdp.py         `minddp fsdp-bench`: ZeRO-1/2/3 and stock fully_shard, bytes and time
+    stock_fsdp.py   stock fully_shard's private internals, read here and nowhere else
+    tp.py           `minddp tp-bench`: tensor and sequence parallel against the formula
+    pp.py           `minddp pp-bench`: the pipeline's bubble and activations per stage
+    elastic.py      `minddp elastic-bench`: the ordered reduction beside all_reduce
+    mesh.py         `minddp mesh-bench`: what each rank holds and sends per dimension
+    recompute.py    `minddp recompute-bench`: the bytes a block keeps, by policy
+    context.py      `minddp cp-bench`: who computes what, the bytes round the ring
+    experts.py      `minddp ep-bench`: tokens per expert, the all_to_alls' bytes
 Times are reported as ratios to stock's, never asserted by a test. Stock's private FSDP
-internals, which the memory figures need, are read in one place: stock_fsdp.py.
+internals, which the memory figures need, are read in one place.
 
 This file holds what the runners need before torch is imported, so that a mistyped flag
 is refused at once: the model sizes and the flags every benchmark shares.

@@ -18,7 +18,7 @@ weights replicated: no gradient averaging is timed), causal attention, both layo
              values (W-1) times forward and (W-1) times backward, their float32 gradient W
              times, each message 2 b (T/W) d x 4 bytes (d, the width): (3W-2) 8b(T/W)d
   step       a training step (forward, backward), slowest rank, median over rounds: minddp's
-             ring beside stock's (dropin/stock_context.py), the same layout, as a ratio
+             ring beside stock's (references/stock_context.py), the same layout, as a ratio
   memory     MiB autograd saves for backward in one forward of the GPT: one process on the
              whole sequence, and the largest rank under context parallelism, at 4 lengths
 --png draws who computes which blocks (both layouts), the pairs per rank and the memory.
@@ -59,9 +59,9 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from .. import blockwise, context  # noqa: E402
-from ..context_parallel import context_parallel  # noqa: E402
-from ..dropin.stock_context import context_parallel as stock_context_parallel  # noqa: E402
+from ..cp import blockwise, ring_attention as context  # noqa: E402
+from ..cp.context_parallel import context_parallel  # noqa: E402
+from ..references.stock_context import context_parallel as stock_context_parallel  # noqa: E402
 from .harness import collect_rows, machine  # noqa: E402
 from .tp import activation_mb  # noqa: E402
 from .transformer import gpt  # noqa: E402
@@ -121,7 +121,7 @@ def formulas(world_size, tokens, batch, zigzag):
 
 def cp_size(size, args, rank, world_size, device):
     """One world size: the rows of the work, sent, step and memory tables (a collective)."""
-    from ..mesh import init_device_mesh
+    from ..mesh.device_mesh import init_device_mesh
     from torch.distributed.device_mesh import init_device_mesh as stock_mesh
     meshes = {"minddp": init_device_mesh(device.type, (world_size,)),
               "stock": stock_mesh(device.type, (world_size,))}

@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from ..dropin.comm_hooks import fp16_mean_hook  # noqa: E402
 from ..dropin.ddp import ManualDDP  # noqa: E402
-from ..naive import NaiveDDP  # noqa: E402
+from ..ddp.naive import NaiveDDP  # noqa: E402
 from . import SIZES  # noqa: E402
 from .harness import collect_rows, mlp, print_table, time_steps, timed_rounds  # noqa: E402
 

@@ -5,7 +5,7 @@
 
 One global batch of --global-batch rows per step on the benchmark's MLPs (harness.py), SGD,
 three ways: stock DDP (one all_reduce per bucket, overlapped with backward), minddp's
-BucketedDDP (the same), and elastic.py's ordered reduction (each of N virtual shards'
+BucketedDDP (the same), and elastic/resize.py's ordered reduction (each of N virtual shards'
 gradient computed alone, then a chain that adds them in shard order, then a broadcast).
 "MB sent" counts the bytes this rank passes to send/broadcast/all_reduce per step (rank 0's
 figure; stock's, all_reduced from C++, is its gradients' bytes: each enters one all_reduce);
@@ -41,8 +41,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from ..bucketed import BucketedDDP  # noqa: E402
-from ..elastic import check_world, ordered_average, set_gradients, shard_gradients  # noqa: E402
+from ..ddp.bucketed import BucketedDDP  # noqa: E402
+from ..elastic.resize import check_world, ordered_average, set_gradients, shard_gradients  # noqa: E402
 from . import SIZES  # noqa: E402
 from .harness import collect_rows, mlp, print_table  # noqa: E402
 

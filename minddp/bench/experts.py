@@ -55,8 +55,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from ..ep import expert_parallel, sync_gradients  # noqa: E402
-from ..mesh import init_device_mesh  # noqa: E402
+from ..ep.parallel import expert_parallel, sync_gradients  # noqa: E402
+from ..mesh.device_mesh import init_device_mesh  # noqa: E402
 from .harness import collect_rows, machine  # noqa: E402
 from .transformer import moe_gpt  # noqa: E402
 

@@ -53,9 +53,9 @@ from torch.distributed.fsdp import fully_shard as stock_fully_shard  # noqa: E40
 from ..dropin.ddp import ManualDDP  # noqa: E402
 from ..dropin import fsdp_prefetch  # noqa: E402
 from ..dropin.fsdp import fully_shard as dropin_fully_shard  # noqa: E402
-from ..fsdp import Unit, fully_shard, unit_of  # noqa: E402
+from ..fsdp.shard import Unit, fully_shard, unit_of  # noqa: E402
 from ..tools.pictures import draw_memory  # noqa: E402
-from ..zero import ShardedOptimizer  # noqa: E402
+from ..zero.optimizer import ShardedOptimizer  # noqa: E402
 from . import SIZES, stock_fsdp  # noqa: E402
 from .harness import (RING, collect_rows, counting_collectives, machine, mlp,  # noqa: E402
                       print_table, time_steps, timed_rounds)

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from tabulate import tabulate
 
-from ..teardown import ddp_teardown
+from ..launch.teardown import ddp_teardown
 from ..run import warm
 from ..run.errors import interrupted
 

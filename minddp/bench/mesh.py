@@ -49,10 +49,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from ..compose import blocks_of, parallelize, pipeline, tp_plan  # noqa: E402
-from ..dropin.libraries import LIBRARIES  # noqa: E402
-from ..mesh_plan import parse_mesh  # noqa: E402
-from ..pp import stage_layers  # noqa: E402
+from ..mesh.compose import blocks_of, parallelize, pipeline, tp_plan  # noqa: E402
+from ..references.libraries import LIBRARIES  # noqa: E402
+from ..mesh.plan import parse_mesh  # noqa: E402
+from ..pp.stage import stage_layers  # noqa: E402
 from ..tools.pictures import draw_held_and_activations  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 

@@ -61,8 +61,8 @@ from .. import pp  # noqa: E402
 from . import SIZES  # noqa: E402
 from .harness import collect_rows, machine, print_table  # noqa: E402
 
-from ..pp_interleaved import loop_placement  # noqa: E402
-from ..pp_v import v_placement  # noqa: E402
+from ..pp.interleaved import loop_placement  # noqa: E402
+from ..pp.v_shaped import v_placement  # noqa: E402
 from ..run import older_torch  # noqa: E402,F401  (torch 2.11, 2.12: stock's stages as 2.13's)
 from ..tools.pipeline_slots import figures, schedules  # noqa: E402
 

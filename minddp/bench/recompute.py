@@ -6,7 +6,7 @@
 The benchmark's transformer block (bench/transformer.py: pre-LN, causal attention with
 scaled_dot_product_attention, a 4x MLP, residual dropout 0.1), fp32, on one process:
 
-  kept       per policy (none, full, selective: minddp.recompute.POLICIES) and for minddp's
+  kept       per policy (none, full, selective: minddp.memory.recompute.POLICIES) and for minddp's
              checkpoint_module and stock's composable checkpoint: the bytes of every tensor
              alive after the block's forward that its backward will use, the block's input
              included, its output not (found by tracking each op's outputs with a dispatch
@@ -60,8 +60,8 @@ from tabulate import tabulate  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from ..dropin.libraries import stock_checkpoint_module  # noqa: E402
-from ..recompute import POLICIES, checkpoint_module  # noqa: E402
+from ..references.libraries import stock_checkpoint_module  # noqa: E402
+from ..memory.recompute import POLICIES, checkpoint_module  # noqa: E402
 from ..tools.memory import activation_bytes  # noqa: E402
 from .transformer import Block  # noqa: E402
 

@@ -8,7 +8,7 @@ all_gather has landed (FSDPParamGroup.wait_for_unshard) and the whole weights it
 moves them gets one line naming what moved, not a wrong figure.
 """
 
-from ..usage_error import UsageError
+from ..launch.usage_error import UsageError
 
 _WHERE = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
 

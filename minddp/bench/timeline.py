@@ -29,7 +29,7 @@ def parse(argv=None):
                         help="draw a recorded trace (--timeline's, --out's) instead of running")
     args = parser.parse_args(argv)
     args.kinds = ["naive", "bucketed", "stock"] if args.ddp == "all" else [args.ddp]
-    from ..usage_error import UsageError
+    from ..launch.usage_error import UsageError
     from ..run.errors import exit_on_usage_error
     check_outputs(args, "png", "out")
     with exit_on_usage_error():
@@ -51,9 +51,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from ..bucketed import BucketedDDP  # noqa: E402
-from ..teardown import ddp_teardown  # noqa: E402
-from ..naive import NaiveDDP  # noqa: E402
+from ..ddp.bucketed import BucketedDDP  # noqa: E402
+from ..launch.teardown import ddp_teardown  # noqa: E402
+from ..ddp.naive import NaiveDDP  # noqa: E402
 from ..run.errors import exit_on_usage_error  # noqa: E402
 from ..tools.overlap import overlap, text_timeline  # noqa: E402
 from ..tools.pictures import draw_timeline  # noqa: E402

@@ -51,9 +51,10 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.tensor import Replicate, Shard  # noqa: E402
 from torch.distributed.tensor import parallel as stock_tp  # noqa: E402
 
-from .. import sp as minddp_sp, tp as minddp_tp  # noqa: E402
+from ..tp import sequence_parallel as minddp_sp  # noqa: E402
+from .. import tp as minddp_tp  # noqa: E402
 from ..dropin.ddp import ManualDDP  # noqa: E402
-from ..fsdp import fully_shard  # noqa: E402
+from ..fsdp.shard import fully_shard  # noqa: E402
 from ..tools.pictures import draw_held_and_activations  # noqa: E402
 from .harness import (collect_rows, counting_collectives, machine, print_table,  # noqa: E402
                       time_steps, timed_rounds)

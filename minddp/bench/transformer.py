@@ -14,8 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import BLOCKS, HEADS, TOKENS, WIDTH  # noqa: F401  (the benchmark's sizes)
-from ..experts import MoE
-from ..usage_error import UsageError
+from ..ep.experts import MoE
+from ..launch.usage_error import UsageError
 
 
 class MLP(nn.Module):

@@ -30,7 +30,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: E402
 
 from ..dropin.ddp import ManualDDP  # noqa: E402
-from ..zero import ShardedOptimizer  # noqa: E402
+from ..zero.optimizer import ShardedOptimizer  # noqa: E402
 from . import SIZES  # noqa: E402
 from .harness import collect_rows, mlp, print_table, time_steps, timed_rounds  # noqa: E402
 

@@ -16,7 +16,7 @@ the algorithms alone; docs/collectives.md gives the round's cost).
 
 import torch
 
-from ..usage_error import UsageError
+from ..launch.usage_error import UsageError
 from .p2p import exchange, rank_and_size
 
 SAME_SHAPE_CHECKED = True

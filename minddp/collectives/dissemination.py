@@ -13,7 +13,7 @@ everyone's arrival and then tells everyone to go.
 
 import torch
 
-from ..groups import is_member
+from ..launch.groups import is_member
 from .p2p import exchange, rank_and_size
 from .work import launch
 

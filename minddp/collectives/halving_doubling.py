@@ -20,7 +20,7 @@ it equal to the same additions in one process, and measure how far it lands from
 
 import torch
 
-from ..groups import is_member
+from ..launch.groups import is_member
 from .checks import check_same_shape, check_tensor
 from .ops import ReduceOp, check_op, combine, finish
 from .p2p import exchange, rank_and_size

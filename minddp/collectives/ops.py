@@ -14,7 +14,7 @@ AVG bit for bit; a multiplication by 1/W would not be).
 import torch
 import torch.distributed as dist
 
-from ..usage_error import UsageError
+from ..launch.usage_error import UsageError
 
 ReduceOp = dist.ReduceOp
 

@@ -15,11 +15,11 @@ send/recv take global ranks, converted on the last line before a message leaves.
 
 import torch.distributed as dist
 
-from ..groups import global_rank, members
-from ..usage_error import UsageError
+from ..launch.groups import global_rank, members
+from ..launch.usage_error import UsageError
 
 # Every message of this chapter carries this tag. gloo matches a receive to the first send
-# from that rank with the same tag, so another sender on the same group (pp.py's stages,
+# from that rank with the same tag, so another sender on the same group (pp/stage.py's stages,
 # ring.py's blocks) can never take one of these messages, nor these one of theirs.
 TAG = 60
 

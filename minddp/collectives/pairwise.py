@@ -12,7 +12,7 @@ to rank j is what rank j expects from rank i; that is not checked across ranks h
 would cost a round as long as the exchange itself), only the local lengths are.
 """
 
-from ..groups import is_member
+from ..launch.groups import is_member
 from .checks import check_count, check_tensor
 from .p2p import exchange, rank_and_size
 from .work import launch

@@ -11,7 +11,7 @@ No arithmetic: every rank ends with the same bits as gloo's all_gather.
 ring_all_gather() is also the second half of the ring all_reduce (ring_all_reduce.py).
 """
 
-from ..groups import is_member
+from ..launch.groups import is_member
 from .checks import check_count, check_same_shape, check_tensor
 from .p2p import exchange, rank_and_size
 from .work import launch

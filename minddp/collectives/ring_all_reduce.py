@@ -22,7 +22,7 @@ probe values, then check this ring against gloo's all_reduce bit for bit at size
 large, even and odd, in float32, bfloat16 and float64 (docs/collectives.md: the probe).
 """
 
-from ..groups import is_member
+from ..launch.groups import is_member
 from .checks import check_same_shape, check_tensor
 from .ops import ReduceOp, check_op, finish
 from .p2p import rank_and_size

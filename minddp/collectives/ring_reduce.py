@@ -12,7 +12,7 @@ tensor is bit for bit gloo's. The other ranks' tensors stay as they were (ours w
 copy there; stock leaves them unspecified).
 """
 
-from ..groups import is_member
+from ..launch.groups import is_member
 from .checks import check_same_shape, check_tensor
 from .ops import ReduceOp, check_op, finish
 from .p2p import exchange, group_rank, rank_and_size

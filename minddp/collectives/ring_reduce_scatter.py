@@ -20,7 +20,7 @@ ring_reduce_scatter() is also the first half of the ring all_reduce (ring_all_re
 
 import torch
 
-from ..groups import is_member
+from ..launch.groups import is_member
 from .checks import check_count, check_same_shape, check_tensor
 from .ops import ReduceOp, check_op, combine, finish
 from .p2p import exchange, rank_and_size

@@ -17,7 +17,7 @@ process, and measures how far it lands from gloo's; docs/collectives.md gives th
 
 import torch
 
-from ..groups import is_member
+from ..launch.groups import is_member
 from .checks import check_same_shape, check_tensor
 from .ops import ReduceOp, check_op, combine, finish
 from .p2p import exchange, rank_and_size

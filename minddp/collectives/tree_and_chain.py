@@ -15,7 +15,7 @@ the tensor is large and the bytes (bandwidth) are what counts.
 No arithmetic: every rank ends with the source's bits, whichever way they travelled.
 """
 
-from ..groups import is_member
+from ..launch.groups import is_member
 from .checks import check_same_shape, check_tensor
 from .p2p import exchange, group_rank, rank_and_size
 from .work import launch

@@ -12,7 +12,7 @@ import collections
 
 import torch
 
-from ..bucket_layout import assign_buckets
+from ..ddp.bucket_layout import assign_buckets
 
 
 def assign_buckets_with_sparse(params, size_limits, order=None, sparse=()):

@@ -12,12 +12,12 @@ import warnings
 
 import torch
 
-from ..usage_error import UsageError
-from .. import launch  # noqa: F401  (it imports torch._dynamo: see below)
+from ..launch.usage_error import UsageError
+from ..launch import start as launch  # noqa: F401  (it imports torch._dynamo: see below)
 
 # Training code imports its DDP class at the top, before it creates its process group
 # (init_process_group). A group created before torch._dynamo is first imported outlives
-# destroy_process_group() and may abort the exit (launch.py imports torch._dynamo first
+# destroy_process_group() and may abort the exit (launch/start.py imports torch._dynamo first
 # for this reason); importing it with the class covers code that sets up its own group.
 
 

@@ -12,7 +12,7 @@ bitwise equal to PyTorch's own fp16_compress_hook (tests/test_contract.py).
 import torch
 import torch.distributed as dist
 
-from ..usage_error import UsageError
+from ..launch.usage_error import UsageError
 
 
 def fp16_mean_hook(group, bucket):

@@ -3,7 +3,7 @@
     torchrun --nproc_per_node=2 examples/uneven.py --join                     # wraps with this
     pytest tests/test_contract.py tests/test_dropin.py                       # knob by knob
 
-Read minddp/bucketed.py first: the algorithm is there, and nothing here changes it. This file
+Read minddp/ddp/bucketed.py first: the algorithm is there, and nothing here changes it. This file
 is what makes the algorithm a drop-in for `torch.nn.parallel.DistributedDataParallel`:
 stock's signature (the same arguments in the same order, refused as stock refuses them,
 checks.py) and stock's knobs, each in one method below, each bitwise equal to stock with
@@ -15,14 +15,14 @@ import functools
 import torch
 import torch.distributed as dist
 
-from ..bucketed import BucketedDDP
+from ..ddp.bucketed import BucketedDDP
 from .bucket_extras import GradBucket, aliases, assign_buckets_with_sparse, expects_sparse_gradient
 from .checks import check_stock_arguments, group_of, refuse_unimplemented, warn_check_reduction
-from ..usage_error import UsageError
+from ..launch.usage_error import UsageError
 from .comm_hooks import hook_result
 from .join import JoinableDDP, join_forward
 from .unused import unused_parameters
-from ..grad_hooks import weakly
+from ..ddp.grad_hooks import weakly
 from .sp_order import sum_each_backward
 from .static_graph import StaticGraphDDP
 
@@ -37,7 +37,7 @@ class ManualDDP(StaticGraphDDP, BucketedDDP, JoinableDDP):
       register_comm_hook(state, hook)  reduce each bucket your own way (comm_hooks.py)
       sparse gradients (nn.Embedding(sparse=True))  each in a bucket of its own, sent sparse
       device_ids / output_device  checked as stock checks them; inputs moved to device_ids[0]
-      device_mesh      a 1-D mesh (mesh["dp"] of a larger one, mesh.py): its group, as stock
+      device_mesh      a 1-D mesh (mesh["dp"] of a larger one, mesh/device_mesh.py): its group, as stock
       init_sync=False  no broadcast at construction;  join()  uneven inputs (join.py)
       static_graph     the buckets rebuilt a step later, as stock's (static_graph.py)
       dim, check_reduction  accepted: they steer nothing minddp does (check_reduction warns)
@@ -68,7 +68,7 @@ class ManualDDP(StaticGraphDDP, BucketedDDP, JoinableDDP):
         # by _pack_buckets, which BucketedDDP's constructor calls.
         trained = [p for p in module.parameters() if p.requires_grad]
         self._sparse = {i for i, p in enumerate(trained) if expects_sparse_gradient(module, p)}
-        # device_mesh: a 1-D mesh, the dp slice of a larger one (mesh.py); its group is ours
+        # device_mesh: a 1-D mesh, the dp slice of a larger one (mesh/device_mesh.py); its group is ours
         process_group = group_of(process_group, device_mesh)
         sum_each_backward(module)  # sequence parallel's LayerNorms sum over tp as under stock's
         super().__init__(module, check_stock_arguments(module, device_ids, output_device),

@@ -2,7 +2,7 @@
 
     pytest tests/test_fsdp.py      # each rank's shards equal stock fully_shard's, 1-4 ranks
 
-Read fsdp.py first: shard, unshard, reshard, the hooks and the reduce_scatter are there, in
+Read fsdp/shard.py first: shard, unshard, reshard, the hooks and the reduce_scatter are there, in
 fp32, and nothing here changes them. This file adds what real code asks of stock's
 fully_shard, each piece an override of one lesson method:
   mp_policy        MixedPrecisionPolicy (stock's four fields): whole weights gathered and
@@ -29,10 +29,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map_only
 
-from .. import fsdp
-from ..usage_error import UsageError
-from ..fsdp_param import attach_unit, unit_of
-from ..broadcast import check_same_model
+from ..fsdp import shard as fsdp
+from ..launch.usage_error import UsageError
+from ..fsdp.param import attach_unit, unit_of
+from ..ddp.broadcast import check_same_model
 from .fsdp_checks import mark_replaced, refuse_stale_optimizers, refuse_stock_only, replaced_by
 from .fsdp_module import FSDPModule, as_fsdp_module
 from .fsdp_prefetch import prefetch, wait_for_prefetches

@@ -2,7 +2,7 @@
 
     pytest tests/test_fsdp.py tests/test_fsdp_example.py   # each refusal, message by message
 
-fully_shard (fsdp.py) calls these first: stock's arguments minddp does not implement (a
+fully_shard (fsdp/shard.py) calls these first: stock's arguments minddp does not implement (a
 shard_placement_fn, CPU offloading, a 2-D mesh, ...), and an optimizer built before sharding,
 which holds the replaced parameters: they never get a gradient again, and its step() would
 silently do nothing.
@@ -10,7 +10,7 @@ silently do nothing.
 
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from ..usage_error import UsageError
+from ..launch.usage_error import UsageError
 
 
 def refuse_stock_only(module, mesh, reshard_after_forward, stock_only):

@@ -5,7 +5,7 @@
 Stock's fully_shard swaps the module's class for `FSDP<Class>`, a subclass of both
 `torch.distributed.fsdp.FSDPModule` and the module's own class; code written for stock checks
 `isinstance(model, FSDPModule)` and calls its methods. minddp does the same, so those checks
-pass, and implements the methods on the lesson's Unit (`unit_of(module)`, fsdp_param.py):
+pass, and implements the methods on the lesson's Unit (`unit_of(module)`, fsdp/param.py):
   unshard / reshard                     the lesson's all_gather and free, one unit, on demand
   set_modules_to_forward_prefetch       when a unit's forward (backward) starts, gather the
   set_modules_to_backward_prefetch      listed units' too, on a thread (fsdp_prefetch.py)
@@ -17,8 +17,8 @@ Every other method of stock's FSDPModule raises UsageError naming it: never a si
 
 from torch.distributed.fsdp import FSDPModule as StockFSDPModule
 
-from ..usage_error import UsageError
-from ..fsdp_param import unit_of
+from ..launch.usage_error import UsageError
+from ..fsdp.param import unit_of
 from .fsdp_prefetch import wait_for_prefetches
 
 

@@ -18,7 +18,7 @@ then follow the program, which is the same on every rank.
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .. import fsdp
+from ..fsdp import shard as fsdp
 
 _thread = None
 _in_flight = []  # (unit, future) in the order asked

@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, JoinHook, Joinable
 
-from ..broadcast import broadcast_parameters
-from ..groups import global_rank
-from ..usage_error import UsageError
+from ..ddp.broadcast import broadcast_parameters
+from ..launch.groups import global_rank
+from ..launch.usage_error import UsageError
 
 
 class ManualJoinHook(JoinHook):

@@ -2,7 +2,7 @@
 
     pytest tests/test_mesh.py -k microbatches   # DDP and fully_shard over SP, accumulating
 
-sp.py sums each rank's own gradient of a LayerNorm weight, its microbatches added first,
+tp/sequence_parallel.py sums each rank's own gradient of a LayerNorm weight, its microbatches added first,
 over tp: stock's Partial gradient as the optimizer reads it. Stock's wrappers move that sum:
   DDP          trains local copies of the weights and makes a DTensor of each in forward;
                that DTensor's backward hands the copy a whole gradient: each backward's
@@ -14,7 +14,7 @@ Microbatches added before or after the sum round differently, so each order is s
 
 import weakref
 
-from ..sp import SUM_HOOKS, summed
+from ..tp.sequence_parallel import SUM_HOOKS, summed
 
 # id(weight) -> (a weak reference to it, its tp group), for fully_shard's reduce. By id: a
 # WeakKeyDictionary compares tensors with ==, elementwise, on weights whose bytes are freed.

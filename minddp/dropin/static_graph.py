@@ -16,7 +16,7 @@ Stock also uses the learned graph to mark parameters that never get a gradient r
 without searching for them; here such a model needs find_unused_parameters=True.
 """
 
-from ..usage_error import UsageError
+from ..launch.usage_error import UsageError
 
 
 class StaticGraphDDP:

@@ -20,8 +20,8 @@ import os
 
 import torch
 
-from ..usage_error import UsageError
-from ..launch import get_rank, print0
+from ..launch.usage_error import UsageError
+from ..launch.start import get_rank, print0
 
 FORMAT = "minddp-checkpoint/2"
 

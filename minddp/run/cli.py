@@ -17,7 +17,7 @@ import signal
 import tempfile
 import threading
 
-from ..usage_error import UsageError
+from ..launch.usage_error import UsageError
 from .errors import exit_on_usage_error, interrupted, rank_0_speaks_first
 
 
@@ -116,7 +116,7 @@ def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=Fal
                                 "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb1p",
                                 "zbv", "dualpipev"],
                             help="the order of each stage's forwards and backwards (the last"
-                                 " five: 2 stages per rank, pp_interleaved.py)")
+                                 " five: 2 stages per rank, pp/interleaved.py)")
         parser.add_argument("--microbatches", type=int, default=2, metavar="M",
                             help="microbatches per batch (the batch of 4 must divide by it)")
         parser.set_defaults(factor=4)  # 20 examples: 5 batches of 4 per epoch

@@ -12,7 +12,7 @@ prints two lines and exits with status 2:
 (Under torchrun the agent then adds its own failure report; read the first lines.)
 
 `exit_on_failure()` turns a *collective that failed* (a peer died, or stopped
-taking part until the process-group timeout ran out, see launch.py) into one line with
+taking part until the process-group timeout ran out, see launch/start.py) into one line with
 the rank that saw it, and exit status 1, instead of the backend's C++ traceback.
 """
 
@@ -25,7 +25,7 @@ import threading
 import time
 import traceback
 
-from ..usage_error import UsageError  # the lessons' one error type; this file turns it into an exit
+from ..launch.usage_error import UsageError  # the lessons' one error type; this file turns it into an exit
 
 # Every exit status minddp's scripts give, in one place:
 EXIT_FAILURE = 1  # a collective that failed, or any other error while a group lives

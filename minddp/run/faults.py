@@ -11,8 +11,8 @@ import time
 
 import torch.distributed as dist
 
-from ..usage_error import UsageError
-from ..launch import get_rank, print_rank
+from ..launch.usage_error import UsageError
+from ..launch.start import get_rank, print_rank
 from .errors import EXIT_INJECTED_CRASH
 
 

@@ -12,7 +12,7 @@ Before 2.13, a stock schedule's first step does two things 2.13 no longer does:
              which gloo refuses ("Pair is not connected"), so ZBV and DualPipeV fail
 Importing this file gives 2.11's stages 2.13's behaviour in both; the steps themselves
 are untouched. On 2.13 and later it does nothing. Imported wherever stock's stages are
-built beside minddp's: tests/helpers.py, dropin/libraries.py, bench/pp.py, the examples.
+built beside minddp's: tests/helpers.py, references/libraries.py, bench/pp.py, the examples.
 """
 
 import torch

@@ -34,8 +34,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from ..usage_error import UsageError
-from ..zero import ShardedOptimizer
+from ..launch.usage_error import UsageError
+from ..zero.optimizer import ShardedOptimizer
 
 FORMAT = "minddp-sharded-checkpoint/1"
 # Flattened optimizer keys ("state.layers.0.weight.exp_avg"): every entry named by its

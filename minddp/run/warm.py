@@ -15,8 +15,8 @@ import multiprocessing
 
 PRELOAD = ["torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.tensor",
            "torch.distributed.pipelining", "torch.distributed.checkpoint",
-           "torch.distributed.optim", "torch.nn.parallel", "minddp", "minddp.launch",
-           "minddp.teardown"]
+           "torch.distributed.optim", "torch.nn.parallel", "minddp", "minddp.launch.start",
+           "minddp.launch.teardown"]
 
 
 def context():

@@ -13,11 +13,6 @@ For anyone checking a lesson's claim ("bit for bit equal to stock") or looking i
     whole_tensors.py  a sharded model's whole weights and gradients (FSDP), to save and compare
     course.py         `minddp lessons`: the reading order, each file's size and idea
     memory.py         `minddp memory`: what one rank will hold, line by line, with formulas
-    moe_reference.py  one process on the whole batch: what expert parallelism is checked against
-    exercises.py      `minddp exercise`: a lesson with its ideas taken out, for a student
-    grade.py          `minddp grade`: a student's file beside stock, bit for bit (grade_run.py:
-                      the ranks; grade_checks.py, grade_sharded.py, grade_pieces.py: the checks;
-                      diagnosis.py: what a difference means)
 They reach the lessons only from outside (hooks registered after the wrapper's, and the calls
-a lesson names for it: tp_plan.sliced, fsdp_param.unit_of), so recording changes no number.
+a lesson names for it: tp/plan.py's sliced, fsdp/param.py's unit_of), so recording changes no number.
 """

@@ -16,62 +16,70 @@ import pathlib
 import re
 import sys
 
-ORDER = [
-    # lesson 9 itself: devices, one device, DDP (stock's, then minddp's pieces)
-    "examples/devices.py", "examples/single_device.py", "examples/stock_ddp.py",
-    "examples/manual_ddp.py",
-    # data parallelism by hand
-    "minddp/usage_error.py", "minddp/backends.py", "minddp/launch.py", "minddp/rendezvous.py",
-    "minddp/groups.py",
-    # chapter 0: the collectives by hand, from send and recv alone
-    "minddp/collectives/__init__.py", "minddp/collectives/p2p.py", "minddp/collectives/work.py",
-    "minddp/collectives/ops.py", "minddp/collectives/checks.py",
-    "minddp/collectives/tree_and_chain.py", "minddp/collectives/ring_all_gather.py",
-    "minddp/collectives/ring_reduce_scatter.py", "minddp/collectives/ring_all_reduce.py",
-    "minddp/collectives/ring_reduce.py", "minddp/collectives/tree.py",
-    "minddp/collectives/halving_doubling.py", "minddp/collectives/pairwise.py",
-    "minddp/collectives/dissemination.py", "minddp/collectives/cost.py",
-    "minddp/collectives/chosen.py", "examples/break_collectives.py",
-    "minddp/sampler.py",
-    "minddp/broadcast.py", "minddp/grad_hooks.py", "minddp/naive.py", "minddp/bucket_layout.py",
-    "minddp/bucketed.py", "minddp/teardown.py",
-    # sharding: ZeRO-1, then FSDP
-    "minddp/zero.py", "minddp/zero_state.py", "examples/zero1.py", "minddp/fsdp.py",
-    "minddp/fsdp_param.py", "examples/fsdp.py",
-    # tensor and sequence parallelism
-    "minddp/tp_ops.py", "minddp/tp.py", "minddp/sp.py", "minddp/tp_plan.py", "examples/tp.py",
-    # pipeline parallelism, elastic training
-    "minddp/pp.py", "minddp/pp_schedules.py", "minddp/pp_interleaved.py",
-    "minddp/pp_zero_bubble.py", "minddp/pp_v.py",
-    "examples/pipeline.py",
-    "minddp/elastic.py", "examples/elastic.py",
-    # composing them: every parallelism on one grid of ranks
-    "minddp/mesh.py", "minddp/mesh_plan.py", "minddp/compose.py", "minddp/clip.py",
-    "examples/gpt_nd.py",
-    # memory: activations recomputed in backward
-    "minddp/recompute.py",
-    # context parallelism: the sequence cut over the ranks, attention round a ring
-    "minddp/blockwise.py", "minddp/ring.py", "minddp/context.py", "minddp/context_parallel.py",
-    "examples/context.py",
-    # expert parallelism: experts on different ranks, tokens there and back by all_to_all
-    "minddp/experts.py", "minddp/ep.py", "examples/experts.py",
-    # features and failures, each a small diff of manual_ddp.py
-    "examples/accumulate.py", "examples/restart.py", "examples/uneven.py",
-    "examples/break_ddp.py", "examples/break_fsdp.py", "examples/break_tp.py",
-    "examples/break_pp.py", "examples/break_context.py", "examples/break_experts.py",
+PARTS = [  # (the chapter's folder, or a heading; its files in the order to read them)
+    ("Lesson 9 itself: devices, one device, DDP (stock's, then minddp's pieces)", [
+        "examples/devices.py", "examples/single_device.py", "examples/stock_ddp.py",
+        "examples/manual_ddp.py"]),
+    ("launch", ["usage_error.py", "backends.py", "start.py", "rendezvous.py", "groups.py",
+                "teardown.py"]),
+    ("collectives", ["p2p.py", "work.py", "ops.py", "checks.py", "tree_and_chain.py",
+                     "ring_all_gather.py", "ring_reduce_scatter.py", "ring_all_reduce.py",
+                     "ring_reduce.py", "tree.py", "halving_doubling.py", "pairwise.py",
+                     "dissemination.py", "cost.py", "chosen.py",
+                     "examples/break_collectives.py"]),
+    ("ddp", ["sampler.py", "broadcast.py", "grad_hooks.py", "naive.py", "bucket_layout.py",
+             "bucketed.py"]),
+    ("zero", ["optimizer.py", "state.py", "examples/zero1.py"]),
+    ("fsdp", ["shard.py", "param.py", "examples/fsdp.py"]),
+    ("tp", ["ops.py", "parallel.py", "sequence_parallel.py", "plan.py", "examples/tp.py"]),
+    ("pp", ["stage.py", "schedules.py", "interleaved.py", "zero_bubble.py", "v_shaped.py",
+            "examples/pipeline.py"]),
+    ("elastic", ["resize.py", "examples/elastic.py"]),
+    ("mesh", ["device_mesh.py", "plan.py", "compose.py", "clip.py", "examples/gpt_nd.py"]),
+    ("memory", ["recompute.py"]),
+    ("cp", ["blockwise.py", "ring.py", "ring_attention.py", "context_parallel.py",
+            "examples/context.py"]),
+    ("ep", ["experts.py", "parallel.py", "examples/experts.py"]),
+    ("Features and failures, each a small diff of manual_ddp.py", [
+        "examples/accumulate.py", "examples/restart.py", "examples/uneven.py",
+        "examples/break_ddp.py", "examples/break_fsdp.py", "examples/break_tp.py",
+        "examples/break_pp.py", "examples/break_context.py", "examples/break_experts.py"]),
 ]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def chapters(root=ROOT):
+    """[(heading, [file paths from the repository's root])]: a chapter opens with its
+    __init__.py (its first page), and its heading is that page's first line."""
+    found = []
+    for part, files in PARTS:
+        folder = root / "minddp" / part
+        if not folder.is_dir():
+            found.append((part, files))
+            continue
+        heading = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+        paths = [f if f.startswith("examples/") else f"minddp/{part}/{f}" for f in files]
+        found.append((f"`minddp/{part}/`: {heading.splitlines()[0].rstrip('.')}",
+                      [f"minddp/{part}/__init__.py", *paths]))
+    return found
+
+
+ORDER = [path for _, paths in chapters() for path in paths]
 BEGIN, END = "<!-- the reading order: made by `minddp lessons` -->", "<!-- end of the reading order -->"
 
 
 def table(root=ROOT):
-    """The reading order as a markdown table: #, file, lines, idea."""
-    rows = ["| # | file | lines | idea |", "| --- | --- | --- | --- |"]
-    for number, path in enumerate(ORDER, 1):
-        text = (root / path).read_text()
-        idea = ast.get_docstring(ast.parse(text)).splitlines()[0].rstrip(".")
-        rows.append(f"| {number} | `{path}` | {len(text.splitlines())} | {idea} |")
-    return "\n".join(rows) + "\n"
+    """The reading order in markdown: a table per chapter (#, file, lines, idea), numbered
+    through."""
+    rows, number = [], 0
+    for heading, paths in chapters(root):
+        rows += ["", f"#### {heading}", "", "| # | file | lines | idea |", "| --- | --- | --- | --- |"]
+        for path in paths:
+            number += 1
+            text = (root / path).read_text()
+            idea = ast.get_docstring(ast.parse(text)).splitlines()[0].rstrip(".")
+            rows.append(f"| {number} | `{path}` | {len(text.splitlines())} | {idea} |")
+    return "\n".join(rows[1:]) + "\n"
 
 
 def in_doc(text):
@@ -87,7 +95,8 @@ def write_sizes(root=ROOT):
     def size(match):
         lines = len((root / match.group(1)).read_text().splitlines())
         return f"`{match.group(1)}` ({lines}"
-    lessons = [p for p in (root / "minddp").glob("*.py") if not p.name.startswith("__")]
+    lessons = [p for part, _ in PARTS if (root / "minddp" / part).is_dir()
+               for p in (root / "minddp" / part).glob("*.py")]
     count = (f"{len(lessons)} files, "
              f"{sum(len(p.read_text().splitlines()) for p in lessons)} lines in all")
     for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:

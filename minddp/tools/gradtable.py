@@ -19,7 +19,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ..usage_error import UsageError
+from ..launch.usage_error import UsageError
 from .tables import TableError, read_table, write_table  # noqa: F401  (the file format)
 
 def _to_numpy(t):
@@ -65,7 +65,7 @@ class GradTable:
             if g is None:
                 g = torch.full(p.shape, float("nan"))
             grads[name] = _to_numpy(g)
-        for name in (n for n in experts if n not in named):  # others' experts (ep.py): a
+        for name in (n for n in experts if n not in named):  # others' experts (ep/parallel.py): a
             grads[name] = _to_numpy(experts[name])  # table made after expert_parallel
         if self.rank0_only and _rank() != 0:
             return
@@ -137,23 +137,23 @@ def _whole_gradients(module, named):
     gathered: a collective then."""
     # Only a model that minddp's fully_shard or parallelize_module made has units or slices,
     # and then their lesson is imported already (asked otherwise, it would import DTensor).
-    fsdp, tp_plan = sys.modules.get("minddp.fsdp"), sys.modules.get("minddp.tp_plan")
+    fsdp, tp_plan = sys.modules.get("minddp.fsdp.shard"), sys.modules.get("minddp.tp.plan")
     cuts = tp_plan.sliced(module) if tp_plan is not None else {}
     if fsdp is not None and any(fsdp.unit_of(m) is not None for m in module.modules()):
         from .whole_tensors import full_gradients
         whole = full_gradients(module)  # each shard's dp blocks gathered: a TP slice, or all
     else:  # stock's DTensors (fully_shard, parallelize_module): full_tensor() gathers one
         whole = {name: _stock_whole(p) for name, p in named.items()}
-    # minddp's tensor-parallel slices (tp.py) are gathered along the dimension they were cut.
+    # minddp's tensor-parallel slices (tp/parallel.py) are gathered along the dimension they were cut.
     whole = {name: _gather_slices(g, *cuts[name]) if name in cuts and g is not None else g
              for name, g in whole.items()}
     return whole
 
 
 def _expert_gradients(module):
-    """{name: gradient} of every expert of expert-parallel layers (ep.py), each gathered from
+    """{name: gradient} of every expert of expert-parallel layers (ep/parallel.py), each gathered from
     the ep rank that holds it: a collective. NaN where an expert had no gradient."""
-    ep = sys.modules.get("minddp.ep")
+    ep = sys.modules.get("minddp.ep.parallel")
     if ep is None:
         return {}
     whole = {}

@@ -28,7 +28,7 @@ and the most microbatches in flight):
 """
 
 from ..run.cli import ArgumentParser
-from ..usage_error import UsageError
+from ..launch.usage_error import UsageError
 
 PRECISIONS = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "bf16-fp32-grads": (2, 6, 4)}
 # precision: (bytes per parameter, per gradient (an fp32 accumulation buffer beside the

@@ -11,7 +11,7 @@ Each draw function returns what it drew, read back from the figure, so that a te
 compare the picture with the measurements.
 """
 
-from ..usage_error import UsageError
+from ..launch.usage_error import UsageError
 from .overlap import COMM, COMPUTE
 
 COLORS = {"backward": "#4c72b0", "blocked": "#c44e52", "optimizer step": "#8172b2",

@@ -18,10 +18,10 @@ stages per rank (each is that much smaller); communication free. Per schedule:
            one-stage microbatch's
 """
 
-from ..pp_interleaved import interleaved_1f1b, looped_bfs, parse_action
-from ..pp_schedules import gpipe, one_f_one_b
-from ..pp_v import dualpipev, zbv
-from ..pp_zero_bubble import add_bubbles
+from ..pp.interleaved import interleaved_1f1b, looped_bfs, parse_action
+from ..pp.schedules import gpipe, one_f_one_b
+from ..pp.v_shaped import dualpipev, zbv
+from ..pp.zero_bubble import add_bubbles
 
 COST = {"F": 1, "I": 1, "W": 1, "B": 2}
 

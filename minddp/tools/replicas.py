@@ -18,8 +18,8 @@ import hashlib
 import torch
 import torch.distributed as dist
 
-from ..broadcast import check_same_model
-from ..usage_error import UsageError
+from ..ddp.broadcast import check_same_model
+from ..launch.usage_error import UsageError
 
 
 class ReplicaError(UsageError):

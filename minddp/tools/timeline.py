@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from ..bucketed import BucketedDDP
-from ..usage_error import UsageError
-from ..naive import NaiveDDP
+from ..ddp.bucketed import BucketedDDP
+from ..launch.usage_error import UsageError
+from ..ddp.naive import NaiveDDP
 from .overlap import COMM, COMPUTE
 
 

@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node=2 examples/fsdp.py --grad-table runs/fsdp.txt   # full_gradients
 
-fsdp.py (and minddp.fully_shard on top of it), like stock's fully_shard, keeps each parameter
+fsdp/shard.py (and minddp.fully_shard on top of it), like stock's fully_shard, keeps each parameter
 as this rank's block of rows inside a DTensor that knows the whole shape. Saving a checkpoint
 any world size can load, or comparing gradients with DDP's, needs the whole tensors:
 `full_tensor()` all_gathers the blocks (and drops the padding rows); loading cuts each whole
@@ -14,7 +14,7 @@ stock's (docs/fsdp.md).
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..fsdp_param import unit_of
+from ..fsdp.param import unit_of
 
 
 def _reshard_all(module):

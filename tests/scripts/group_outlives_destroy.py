@@ -27,5 +27,5 @@ model(torch.ones(2, 3)).sum().backward()
 optimizer.step()
 dist.destroy_process_group()
 gc.collect()
-from minddp.teardown import group_threads  # noqa: E402
+from minddp.launch.teardown import group_threads  # noqa: E402
 print(f"gloo threads after destroy_process_group(), model alive: {len(group_threads())}")

@@ -1,0 +1,8 @@
+"""Every exercise's check, by name: what grade.py's ranks run (CHECKS[exercise]).
+
+    minddp grade exercises/naive.py      # checks.CHECKS["naive"] on every rank
+"""
+
+from . import ddp, pieces, sharded, tp
+
+CHECKS = {"tp": tp.tp, **ddp.CHECKS, **sharded.CHECKS, **pieces.CHECKS}

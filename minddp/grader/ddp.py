@@ -1,0 +1,112 @@
+"""The grader's DDP checks: NaiveDDP and BucketedDDP beside stock DDP, step by step.
+
+    minddp grade exercises/naive.py      # grade.py runs CHECKS[exercise] on every rank
+
+Each model of training.MODELS trains STEPS steps under the student's wrapper and stock's
+DistributedDataParallel from each rank's own first weights (a missing broadcast shows),
+each rank on its own batches. Then what the models do not reach: a step whose first half
+runs under no_sync(), and (at 3 ranks or more) a process group without rank 0. A gradient
+that is not stock's bits is judged against the exact average (bound.py): `correct`
+within the bound, `failed` beyond it.
+"""
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from .diagnosis import compare
+from .bound import judge, right_ways
+from .training import MODELS, STEPS, _everyone, _np, _ranks, _result, _runs, _train
+
+
+def _run(student, cls_name, rank, model_spec, group=None, micro=False, **kwargs):
+    """The student's wrapper and stock's, on the same start and batches: both records.
+    kwargs: for both wrappers (bucket_cap_mb)."""
+    _, build, _, make_optimizer, batch, loss_fn = model_spec
+    torch.manual_seed(rank)  # each rank its own first weights: the broadcast must fix them
+    model = build()
+    stock_model = copy.deepcopy(model)
+    stock = DistributedDataParallel(stock_model, process_group=group, **kwargs)
+    yours = getattr(student, cls_name)(model, process_group=group, **kwargs)
+    record = {
+        "stock": _train(stock, stock_model, make_optimizer, batch, loss_fn, rank, micro=micro),
+        "yours": _train(yours, model, make_optimizer, batch, loss_fn, rank, plain=build(),
+                        micro=micro)}
+    # The right ways to average each step's local gradients, once the run is over (its
+    # collectives then pair with nobody's but these: a student's stray one has ended).
+    local = record["yours"].pop("local")
+    size = dist.get_world_size(group)
+    record["yours"]["ways"] = [right_ways(grads, size, group) for grads in local]
+    record["yours"]["local"] = [{n: _np(g) for n, g in grads.items()} for grads in local]
+    return record
+
+
+def _verdict(check, everyone, order_note):
+    """One result from the group's records (every member's, in group rank order)."""
+    size = len(everyone)
+    passed, where, why = compare(_runs(everyone, "yours"), _runs(everyone, "stock"), size,
+                                 order_note)
+    result = _result(check, passed, where, why)
+    if not passed and why.startswith("tiny"):  # a rounding apart: right, or wrong?
+        by_step = [[[e["yours"][key][s] for e in everyone] for s in range(STEPS)]
+                   for key in ("grads", "local", "ways")]
+        correct, at, verdict = judge(*by_step, size)
+        result.update(passed=correct, outcome="correct" if correct else "failed",
+                      where=where if correct else at, diagnosis=verdict)
+    return result
+
+
+def ddp(student, rank, world_size, cls_name, order_note):
+    """The student's DDP class against stock DDP: gradients every step, weights after."""
+    results = []
+    for spec in MODELS:
+        everyone = _everyone(_run(student, cls_name, rank, spec))
+        results.append(_verdict(f"{_ranks(world_size)}, {spec[0]}, {spec[2]}", everyone,
+                                order_note))
+    if cls_name == "BucketedDDP":  # the LM's 6 gradients in buckets of 4 KB: several
+        lm = MODELS[1]
+        everyone = _everyone(_run(student, cls_name, rank, lm, bucket_cap_mb=0.004))
+        results.append(_verdict(f"{_ranks(world_size)}, {lm[0]}, {lm[2]}, bucket_cap_mb=0.004"
+                                f" (several buckets)", everyone, order_note))
+    toy = MODELS[0]
+    everyone = _everyone(_run(student, cls_name, rank, toy, micro=True))
+    check = f"{_ranks(world_size)}, {toy[0]}, step 1 in two halves, the first under no_sync()"
+    called = everyone[0]["yours"].get("in no_sync", {})
+    if world_size > 1 and called:  # the same answer, maybe, but the saving is gone
+        calls = ", ".join(f"{n} x{c}" for n, c in sorted(called.items()))
+        results.append(_result(check, False, f"step 1, the backward under no_sync(): {calls}",
+                               "a backward inside no_sync() communicated: stock's makes no"
+                               " collective there (it only adds to .grad; the next synced"
+                               " backward averages the sum)"))
+    else:
+        results.append(_verdict(check, everyone, order_note))
+    if world_size >= 3:  # a process group without rank 0: its ranks only, its own size
+        group = dist.new_group(list(range(1, world_size)))
+        mine = _run(student, cls_name, rank, toy, group=group) if rank else None
+        everyone = [e for e in _everyone(mine) if e is not None]
+        result = _verdict(f"{_ranks(world_size)}, {toy[0]}, process_group = ranks 1.."
+                          f"{world_size - 1}", everyone, order_note)
+        global_size = f"{(world_size - 1) / world_size:.3f}x stock's"
+        if not result["passed"] and result["diagnosis"].startswith(global_size):
+            result["diagnosis"] = (f"{global_size}: divided by the whole world's size"
+                                   f" ({world_size}), not the group's ({world_size - 1}):"
+                                   f" dist.get_world_size(process_group)")
+        results.append(result)
+        dist.destroy_process_group(group)
+    return results
+
+
+def naive(student, rank, world_size):
+    return ddp(student, rank, world_size, "NaiveDDP", "stock adds each bucket's gradients,"
+               " pre-divided by the world size, with one all_reduce; one per parameter adds"
+               " 3 or more ranks' in another order")
+
+
+def bucketed(student, rank, world_size):
+    return ddp(student, rank, world_size, "BucketedDDP", "stock multiplies each gradient by"
+               " 1/world_size as it copies it into its bucket, then all_reduces the bucket")
+
+
+CHECKS = {"naive": naive, "bucketed": bucketed}

@@ -1,0 +1,166 @@
+"""Exercises: a lesson file with the bodies of its ideas taken out, for a student to write again.
+
+    minddp exercise --list                  # the exercises, one line each
+    minddp exercise naive exercises/        # writes exercises/naive.py
+    minddp grade exercises/naive.py         # bit for bit against stock, or what is wrong
+
+Each exercise names a lesson file and the functions (or methods) that carry its idea. The
+starting file is the lesson itself, read now: every line kept but the bodies of those
+functions, each replaced by its docstring, a TODO saying what it must do, and a `raise
+NotImplementedError`. So an exercise never drifts from its lesson, and the lesson file,
+graded as it is, passes (tests/test_grade.py).
+"""
+
+import argparse
+import ast
+import pathlib
+import sys
+import textwrap
+from dataclasses import dataclass
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]  # minddp/
+
+
+@dataclass(frozen=True)
+class Exercise:
+    lesson: str  # the lesson module under minddp: "ddp.naive" is minddp/ddp/naive.py
+    against: str  # what the grader compares with
+    todo: dict  # "Class.method" or "function" -> what its body must do
+    names: tuple  # what the student's file must define (classes, functions)
+    ranks: tuple  # the world sizes graded by default
+    allowed: tuple  # the world sizes the checks are written for
+
+    @property
+    def path(self):
+        """The lesson file, under minddp/: "ddp/naive.py", "collectives/ring_reduce_scatter.py"."""
+        return self.lesson.replace(".", "/") + ".py"
+
+
+EXERCISES = {
+    "sampler": Exercise("ddp.sampler", "torch.utils.data.distributed.DistributedSampler", {
+        "ShardSampler.__iter__": "iterate over this rank's indices of the epoch: all indices"
+        " in order, or shuffled by torch.randperm with a generator seeded with seed + epoch;"
+        " padded to total_size by cycling from the start (or cut to it, with drop_last); then"
+        " the positions rank, rank + num_replicas, rank + 2 * num_replicas, ..."},
+        ("ShardSampler",), (1, 2, 3, 4, 5), (1, 2, 3, 4, 5, 6, 7, 8)),
+    "broadcast": Exercise("ddp.broadcast", "rank src's own tensors", {
+        "broadcast_parameters": "copy group rank src's value into every parameter (and every"
+        " buffer, if buffers) on every rank, in place; src is a rank of the group: send and"
+        " receive with its global rank (groups.global_rank)"},
+        ("broadcast_parameters",), (2, 3), (2, 3, 4)),
+    "naive": Exercise("ddp.naive", "torch.nn.parallel.DistributedDataParallel", {
+        "NaiveDDP._average_gradient": "when a parameter's gradient is complete (and this"
+        " backward syncs), replace param.grad by its mean over the ranks, in place: divide by"
+        " the world size, then all_reduce (SUM); register the end-of-backward check on the"
+        " first gradient and note each parameter that arrived"},
+        ("NaiveDDP",), (1, 2), (1, 2, 3, 4)),
+    "bucketed": Exercise("ddp.bucketed", "torch.nn.parallel.DistributedDataParallel", {
+        "BucketedDDP._mark_ready": "note the gradient ready, copy it into its bucket, and"
+        " launch every bucket that is now complete, strictly in bucket order",
+        "BucketedDDP._copy_into_bucket": "copy the parameter's gradient, divided by the world"
+        " size, into its view of the bucket (one pass)",
+        "BucketedDDP._end_of_backward": "wait for every bucket's all_reduce, then copy each"
+        " average back into its parameter's .grad; reset; raise for gradients that never came"},
+        ("BucketedDDP",), (1, 2, 3), (1, 2, 3, 4)),
+    "zero": Exercise("zero.optimizer", "torch.distributed.optim.ZeroRedundancyOptimizer", {
+        "ShardedOptimizer._shards": "split each param group over the ranks, stock's way:"
+        " parameters largest first, each to the rank holding the fewest elements so far",
+        "ShardedOptimizer.step": "step the inner optimizer (this rank's shard), then broadcast"
+        " every parameter from the rank that owns it"},
+        ("ShardedOptimizer",), (1, 2, 3), (1, 2, 3, 4)),
+    "fsdp": Exercise("fsdp.shard", "torch.distributed.fsdp.fully_shard", {
+        "Unit.unshard": "all_gather the unit's blocks (one flat buffer, each block padded to"
+        " the same rows) into the whole weights, and show them to the module",
+        "Unit.reduce_scatter": "sum each whole gradient over the ranks and keep this rank's"
+        " rows, averaged (reduce_scatter with AVG), as DTensor blocks"},
+        ("Unit", "fully_shard"), (1, 2, 3), (1, 2, 3, 4)),
+    "tp": Exercise("tp.parallel", "torch.distributed.tensor.parallel.parallelize_module", {
+        "ColwiseParallel._whole": "the input every rank's column slice needs: whole, with a"
+        " backward that sums the ranks' input gradients (copy_to_ranks)",
+        "RowwiseParallel._forward": "this rank's partial output from its weight's columns and"
+        " its share of the bias, then summed over the ranks (sum_over_ranks)"},
+        ("ColwiseParallel", "RowwiseParallel", "parallelize_module"), (2,), (1, 2, 4)),
+    "pp": Exercise("pp.schedules", "torch.distributed.pipelining.Schedule1F1B", {
+        "one_f_one_b": "the list of (\"F\", i) and (\"B\", i) actions of stage stage_index:"
+        " a warm-up of forwards, then one backward and one forward in turn, then the"
+        " backwards left"},
+        ("one_f_one_b",), (2, 3, 4), (2, 3, 4)),
+    "ring": Exercise("collectives.ring_reduce_scatter",
+                     "torch.distributed.all_reduce and reduce_scatter_tensor (gloo)", {
+        "ring_reduce_scatter": "W - 1 steps round the ring: send to rank - 1 the block whose"
+        " partial sum you made in the step before (at step 0, your own block rank + 1),"
+        " receive from rank + 1 the next one (block rank + step + 2) and combine it into your"
+        " own copy of that block, mine <- op(mine, arrived); both at once (p2p.exchange), so"
+        " that rank b ends with block b reduced, x_b + (x_{b+1} + (... + x_{b-1}))"},
+        ("ring_reduce_scatter",), (2, 3), (2, 3, 4)),
+}
+
+
+def _functions(tree):
+    """{"Class.method" or "function": its ast node} for the module's top level."""
+    found = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found[f"{node.name}.{item.name}"] = item
+    return found
+
+
+def starting_file(name):
+    """The exercise's starting file: its lesson with each TODO body taken out (text)."""
+    exercise = EXERCISES[name]
+    source = (ROOT / exercise.path).read_text()
+    lines, functions = source.splitlines(), _functions(ast.parse(source))
+    # From the bottom up, so that earlier line numbers stay right.
+    for qualname, what in sorted(exercise.todo.items(), key=lambda kv: -functions[kv[0]].lineno):
+        node = functions[qualname]
+        first = node.body[0]
+        has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+            and isinstance(first.value.value, str)
+        if has_doc:
+            start = first.end_lineno  # (0-based: the line after the docstring)
+        else:  # the comments above the first statement go too: they tell how
+            start = first.lineno - 1
+            while start - 1 >= node.lineno and lines[start - 1].strip().startswith("#"):
+                start -= 1
+        indent = " " * (node.col_offset + 4)
+        todo = textwrap.wrap(f"TODO ({qualname}): {what}.", 92 - len(indent))
+        body = [f"{indent}# {line}" for line in todo]
+        body.append(f'{indent}raise NotImplementedError("TODO: {qualname}")')
+        lines[start:node.end_lineno] = body
+    header = (f"# minddp exercise {name!r}: write each TODO below, then `minddp grade"
+              f" {name}.py`.\n# The lesson it comes from: minddp/{exercise.path}")
+    return header + "\n" + "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="minddp exercise", description=__doc__.split("\n")[0])
+    parser.add_argument("name", nargs="?", choices=list(EXERCISES), help="the exercise")
+    parser.add_argument("directory", nargs="?", default=".", help="where to write it")
+    parser.add_argument("--list", action="store_true", help="the exercises, one line each")
+    args = parser.parse_args(argv)
+    if args.list or args.name is None:
+        for name, e in EXERCISES.items():
+            print(f"{name:10} minddp/{e.path}: {', '.join(e.todo)}  (against {e.against})")
+        return 0
+    directory = pathlib.Path(args.directory)
+    if directory.exists() and not directory.is_dir():
+        print(f"error: {directory} is a file, not a directory\n---> HINT: another directory",
+              file=sys.stderr)
+        return 2
+    directory.mkdir(parents=True, exist_ok=True)  # `minddp exercise naive exercises/`: made
+    path = directory / f"{args.name}.py"  # the student's file: the exercise's name
+    if path.exists():
+        print(f"error: {path} exists: it would be overwritten\n---> HINT: another directory,"
+              f" or move {path} away", file=sys.stderr)
+        return 2
+    path.write_text(starting_file(args.name))
+    print(f"wrote {path}: {len(EXERCISES[args.name].todo)} TODO(s); then: minddp grade {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Running a student's checks on ranks: started here, under a time limit, failures read back.
+
+    minddp grade exercises/naive.py      # grade.py calls run_world once per world size
+
+One group of gloo ranks per world size, each loading the student's file as its lesson and
+running the exercise's checks (checks.py). Two failures are read
+back instead of results: a rank that raised (the first one whose traceback passes through
+the student's file: its line there), and ranks still running past the time limit, counted
+from the moment all of them have joined the group (a slow torch import is no hang): each
+rank notes every collective it enters and leaves, so the report says where each one waits.
+"""
+
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+import traceback
+
+from ..run import warm
+from .exercises import EXERCISES
+
+STARTING_S = 600  # the most a rank may take to import torch and join the group
+# What a rank raises when a peer went away (it finished, or died): never the diagnosis. The
+# peer's own error says why, or, if it has none, the rank was waiting for a collective that
+# never completed: the same report as a rank still waiting at the time limit, whichever
+# rank notices first.
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _record_collectives(path, student_file):
+    """Note each collective this rank enters and leaves, with the student's line that led
+    there, in `path`: what a rank stuck past the timeout was waiting in."""
+    import torch.distributed as dist
+
+    from .training import COLLECTIVES
+    log = open(path, "a", buffering=1)
+
+    def wrap(name, original):
+        def call(*args, **kwargs):
+            stack = traceback.extract_stack()[:-1]
+            where = next((f"{pathlib.Path(f.filename).name} line {f.lineno}"
+                          for f in reversed(stack) if f.filename == student_file),
+                         "the grader, gathering the results" if any(
+                             pathlib.Path(f.filename).parent.name == "grader" for f in stack[-3:]) else "stock's code")
+            log.write(f"in {name} ({where})\n")
+            result = original(*args, **kwargs)
+            log.write("done\n")
+            return result
+        return call
+    for name in COLLECTIVES:
+        if hasattr(dist, name):
+            setattr(dist, name, wrap(name, getattr(dist, name)))
+
+
+def _rank(rank, world_size, file, name, tmp, environ):
+    import torch
+    import torch.distributed as dist
+    out = pathlib.Path(tmp)
+    try:
+        os.environ.clear()  # the grader's environment now, not the fork server's (run/warm.py)
+        os.environ.update(environ)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU and gloo, on any machine
+        torch.set_num_threads(1)
+        from ..launch.teardown import ddp_teardown
+        from .student import load
+        # Before the group exists: the checks import stock's references, and importing
+        # torch.distributed.optim after init_process_group keeps the group alive past destroy.
+        from .checks import CHECKS
+        dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank,
+                                world_size=world_size)
+        (out / f"rank{rank}.started").touch()  # the time limit counts from here
+        _record_collectives(out / f"rank{rank}.collectives", str(pathlib.Path(file).resolve()))
+        student = load(pathlib.Path(file), EXERCISES[name].lesson)
+        results = CHECKS[name](student, rank, world_size)
+        if rank == 0:
+            (out / "results.json").write_text(json.dumps(results))
+        del student
+        ddp_teardown()
+    except BaseException:
+        (out / f"rank{rank}.error").write_text(traceback.format_exc())
+        sys.exit(1)
+
+
+def run_world(file, name, world_size, timeout):
+    """The checks at one world size: [result], or one failed result naming the exception or
+    the collective the ranks were stuck in."""
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        warm.context()  # the ranks forked from a server that has torch imported (run/warm.py)
+        context = mp.start_processes(_rank, args=(world_size, str(file), name, tmp,
+                                                  dict(os.environ)),
+                                     nprocs=world_size, start_method="forkserver", join=False)
+        out, failed = pathlib.Path(tmp), False
+        deadline = time.monotonic() + STARTING_S  # (torch's import may take a while)
+        started = False
+        while not all(p.exitcode is not None for p in context.processes):
+            failed = any(p.exitcode not in (None, 0) for p in context.processes)
+            if not started and len(list(out.glob("rank*.started"))) == world_size:
+                started, deadline = True, time.monotonic() + timeout
+            if failed or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        stuck = not failed and time.monotonic() > deadline
+        for p in context.processes:
+            if p.is_alive():
+                p.kill()
+            p.join()
+        return report(out, file, world_size, timeout, stuck)
+
+
+def report(out, file, world_size, timeout, stuck):
+    """[the results], or one failed result, from what the ranks left in the folder `out`."""
+    label = f"{world_size} rank{'s' if world_size > 1 else ''}"
+    # The first rank that raised in the student's file; a peer's error that follows it
+    # ("Connection closed by peer") only says that a rank went away.
+    mine = f'"{pathlib.Path(file).resolve()}"'
+    errors = sorted(out.glob("rank*.error"), key=lambda e: (
+        mine not in e.read_text(), e.stat().st_mtime))
+    left = [e for e in errors if any(gone in e.read_text() for gone in PEER_GONE)]
+    said = [e for e in errors if e not in left]
+    if said:
+        return [_exception(label, said[0], file)]
+    if stuck or left or not (out / "results.json").exists():
+        return [_stuck(label, out, world_size, timeout)]
+    return json.loads((out / "results.json").read_text())
+
+
+def _exception(label, error_file, file):
+    text = error_file.read_text().strip().splitlines()
+    rank = error_file.stem.replace("rank", "").replace(".error", "")
+    frames = [line.strip() for line in text if line.strip().startswith("File ")]
+    mine = [i for i, line in enumerate(text) if f'"{pathlib.Path(file).resolve()}"' in line]
+    where = (f"rank {rank}, {pathlib.Path(file).name} line "
+             f"{text[mine[-1]].split(', line ')[1].split(',')[0]}: {text[mine[-1] + 1].strip()}"
+             if mine else f"rank {rank}, {frames[-1] if frames else 'the grader'}")
+    what = text[-1]
+    if what.startswith("NotImplementedError: TODO"):
+        what = f"not written yet: {what.split('TODO: ')[1]} still raises NotImplementedError"
+    else:
+        what = f"an exception: {what}"
+    return {"check": f"{label}: the run", "passed": False, "where": where, "diagnosis": what}
+
+
+def _stuck(label, out, world_size, timeout):
+    said = []
+    for rank in range(world_size):
+        lines = (out / f"rank{rank}.collectives").read_text().splitlines() \
+            if (out / f"rank{rank}.collectives").exists() else []
+        last = lines[-1] if lines else "none"
+        said.append(f"rank {rank} {'waits ' + last if last.startswith('in ') else 'in none'}")
+    return {"check": f"{label}: the run", "passed": False, "where": "; ".join(said),
+            "diagnosis": f"a collective that never completed within {timeout:g} s: a rank"
+                         f" waits for peers that never join it (a collective on some ranks"
+                         f" only, or in another order)"}

@@ -1,0 +1,85 @@
+"""The tensor-parallel check: the student's column and row splits beside stock's.
+
+    minddp grade exercises/tp.py --ranks 2
+
+A replicated layer, then the column split (up) and the row split (down), three AdamW steps:
+the output, the input's gradient, every whole gradient and weight, every step, bit for bit.
+"""
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+# Stock's references, imported before any process group exists: importing stock's parallel
+# packages after init_process_group can keep the group alive past its destroy.
+from torch.distributed.device_mesh import init_device_mesh as stock_mesh
+from torch.distributed.tensor import parallel as stock_tp
+
+from .diagnosis import compare
+from .training import STEPS, _everyone, _np, _ranks, _result, _runs, _whole
+
+
+class _MLP(torch.nn.Module):
+    """A replicated layer, then the column split (up) and the row split (down)."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.embed = torch.nn.Linear(d, 4 * d)
+        self.up, self.down = torch.nn.Linear(4 * d, 8 * d), torch.nn.Linear(8 * d, d)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(torch.tanh(self.embed(x)))))
+
+
+def tp(student, rank, world_size):
+    """The student's column and row splits against stock's parallelize_module: the output,
+    the input's gradient, every whole gradient and weight, every step."""
+    from ..mesh.device_mesh import init_device_mesh
+    from ..tp.plan import sliced
+    torch.manual_seed(0)
+    model = _MLP()
+    stock = copy.deepcopy(model)
+    student.parallelize_module(model, init_device_mesh("cpu", (world_size,)),
+                               {"up": student.ColwiseParallel(), "down": student.RowwiseParallel()})
+    stock_tp.parallelize_module(stock, stock_mesh("cpu", (world_size,)),
+                                {"up": stock_tp.ColwiseParallel(),
+                                 "down": stock_tp.RowwiseParallel()})
+    cuts = sliced(model)  # the student's slices: (dim, group) per parameter name
+
+    def whole(name, t, mine):
+        if t is None or not mine or name not in cuts:
+            return _np(_whole(t))
+        parts = [torch.empty_like(t) for _ in range(world_size)]
+        dist.all_gather(parts, t.detach().contiguous(), group=cuts[name][1])
+        return _np(torch.cat(parts, cuts[name][0]))
+    record = {}
+    for who, m in (("stock", stock), ("yours", model)):
+        optimizer = torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=False)
+        mine = who == "yours"
+        record[who] = {"start": {n: whole(n, p, mine) for n, p in m.named_parameters()},
+                       "grads": [], "weights": []}
+        for step in range(STEPS):
+            x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))  # the same
+            x.requires_grad_()  # on every rank: TP splits the layers, not the batch
+            optimizer.zero_grad()
+            out = m(x)
+            out.square().mean().backward()
+            grads = {n: whole(n, p.grad, mine) for n, p in m.named_parameters()}
+            record[who]["grads"].append({"(output)": _np(out), "(the input's gradient)":
+                                         _np(x.grad), **grads})
+            optimizer.step()
+            record[who]["weights"].append({n: whole(n, p, mine) for n, p in m.named_parameters()})
+    everyone = _everyone(record)
+    passed, where, why = compare(_runs(everyone, "yours"), _runs(everyone, "stock"), world_size,
+                                 "stock adds each rank's share of the row split's bias before"
+                                 " the sum")
+    if "(output)" in where:  # by how much: the row split's bias, once per rank too many?
+        extra = everyone[0]["yours"]["grads"][0]["(output)"] - everyone[0]["stock"]["grads"][0][
+            "(output)"]
+        bias = everyone[0]["stock"]["start"]["down.bias"]
+        if world_size > 1 and abs(extra - (world_size - 1) * bias).max() < 1e-5:
+            why = (f"the output holds the row split's bias {world_size} times: every rank adds"
+                   f" all of it before the sum (add bias / world_size on each, as stock)")
+    return [_result(f"{_ranks(world_size)}, a replicated layer, then up (column) and down"
+                    f" (row), AdamW", passed, where, why)]
