@@ -49,18 +49,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def chapters(root=ROOT):
-    """[(heading, [file paths from the repository's root])]: a chapter opens with its
-    __init__.py (its first page), and its heading is that page's first line."""
+    """[(heading, [file paths from the repository's root])]: a chapter is headed by its
+    folder and opens with its __init__.py, the chapter's first page."""
     found = []
     for part, files in PARTS:
         folder = root / "minddp" / part
         if not folder.is_dir():
             found.append((part, files))
             continue
-        heading = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
         paths = [f if f.startswith("examples/") else f"minddp/{part}/{f}" for f in files]
-        found.append((f"`minddp/{part}/`: {heading.splitlines()[0].rstrip('.')}",
-                      [f"minddp/{part}/__init__.py", *paths]))
+        found.append((f"`minddp/{part}/`", [f"minddp/{part}/__init__.py", *paths]))
     return found
 
 
