@@ -224,7 +224,7 @@ def test_a_planted_mistake_exits_1_with_its_diagnosis_also_as_json(tmp_path):
 def test_an_exception_is_reported_at_its_line_in_the_students_file(tmp_path):
     # broadcast with src taken as a global rank: on a group without rank 0, torch refuses
     path = tmp_path / "broadcast.py"
-    path.write_text((REPO / "minddp" / "broadcast.py").read_text().replace(
+    path.write_text((REPO / "minddp" / "ddp" / "broadcast.py").read_text().replace(
         "dist.broadcast(tensor, src=global_rank(group, src)", "dist.broadcast(tensor, src=src"))
     result = run([sys.executable, "-m", "minddp", "grade", str(path), "--ranks", "3"])
     assert result.returncode == 1, result.stderr[-2000:]
@@ -238,7 +238,7 @@ def test_an_exception_is_reported_at_its_line_in_the_students_file(tmp_path):
 
 def test_a_collective_that_never_completes_names_where_each_rank_waits(tmp_path):
     path = tmp_path / "naive.py"
-    path.write_text((REPO / "minddp" / "naive.py").read_text().replace(
+    path.write_text((REPO / "minddp" / "ddp" / "naive.py").read_text().replace(
         "        if self.world_size > 1:\n            # Blocking",
         "        if self.world_size > 1 and dist.get_rank() == 1:  # rank 1 only\n"
         "            # Blocking"))
@@ -291,7 +291,7 @@ def test_the_rank_that_says_why_is_reported_not_the_peer_that_saw_it_leave(tmp_p
 
 
 def test_a_folder_of_students_files_is_one_table(tmp_path):
-    lesson = (REPO / "minddp" / "naive.py").read_text()
+    lesson = (REPO / "minddp" / "ddp" / "naive.py").read_text()
     (tmp_path / "alice.py").write_text(lesson)
     (tmp_path / "bob.py").write_text(lesson.replace("        grad.mul_(1.0 / self.world_size)\n",
                                                     ""))  # summed, not averaged
@@ -325,7 +325,7 @@ RIGHT_BUT_NOT_STOCKS = {  # name: (NaiveDDP's scaling line replaced by, what the
 def test_right_averages_that_are_not_stocks_bits_are_correct_and_a_wrong_one_fails(tmp_path):
     """At 3 ranks x / 3 and x * (1/3) round apart: each right way is `correct` (exit 0), the
     difference named; a gradient 2^-20 off is beyond the bound of any order: failed."""
-    lesson = (REPO / "minddp" / "naive.py").read_text()
+    lesson = (REPO / "minddp" / "ddp" / "naive.py").read_text()
     reduce = "op=dist.ReduceOp.SUM, group=self.process_group)\n"
     assert lesson.count(SCALE) == 1 and lesson.count(reduce) == 1
     for name, (scaling, named) in RIGHT_BUT_NOT_STOCKS.items():
@@ -353,7 +353,7 @@ def test_right_averages_that_are_not_stocks_bits_are_correct_and_a_wrong_one_fai
 
 
 def test_a_group_without_rank_0_averaged_over_the_whole_world_is_named(tmp_path):
-    (tmp_path / "naive.py").write_text((REPO / "minddp" / "naive.py").read_text().replace(
+    (tmp_path / "naive.py").write_text((REPO / "minddp" / "ddp" / "naive.py").read_text().replace(
         "dist.get_world_size(process_group)", "dist.get_world_size()"))
     graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "naive.py"),
                   "--ranks", "3", "--json"])
@@ -404,10 +404,10 @@ def test_a_starting_file_written_by_minddp_exercise_is_graded_not_written_yet(tm
     ("def f():\n    pass\n", [], "answers none of the exercises (by the names it defines)"),
     ("class NaiveDDP:\n    pass\n", ["--exercise", "bucketed"],
      "defines no BucketedDDP: exercise 'bucketed' asks for BucketedDDP"),
-    ((REPO / "minddp" / "naive.py").read_text().replace(
+    ((REPO / "minddp" / "ddp" / "naive.py").read_text().replace(
         "def _average_gradient(self, param):", "def _average_gradient(self, param, extra):"),
      [], "NaiveDDP._average_gradient(self, param, extra) does not take the lesson's arguments"),
-    ((REPO / "minddp" / "naive.py").read_text(), ["--ranks", "5"],
+    ((REPO / "minddp" / "ddp" / "naive.py").read_text(), ["--ranks", "5"],
      "--ranks 5: exercise 'naive' is checked at 1, 2, 3, 4 ranks"),
 ])
 def test_what_the_grader_cannot_use_is_one_line(tmp_path, source, argv, said):
