@@ -12,7 +12,8 @@ on the same models and data, on real gloo ranks, and says passed (stock's bits),
     training.py   what the checks share: the models, the batches, one training run recorded
     ddp.py        the data-parallel checks: the average, no_sync, subgroups, buckets
     sharded.py    ZeRO-1 and FSDP: every shard and weight, step by step
-    pieces.py     the sampler, the broadcast, the pipeline's lists, the ring
+    pieces.py     the sampler, the broadcast, 1F1B's list, the ring
+    schedules.py  the pipeline's lists past 1F1B: interleaved 1F1B, zero bubble's waits
     tp.py         the tensor-parallel check
     bound.py      `correct`: the rounding bound a right average that is not stock's lies in
     diagnosis.py  what a difference means: a factor, a source rank, a summation order

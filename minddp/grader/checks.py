@@ -3,6 +3,7 @@
     minddp grade exercises/naive.py      # checks.CHECKS["naive"] on every rank
 """
 
-from . import ddp, pieces, sharded, tp
+from . import ddp, pieces, schedules, sharded, tp
 
-CHECKS = {"tp": tp.tp, **ddp.CHECKS, **sharded.CHECKS, **pieces.CHECKS}
+CHECKS = {"tp": tp.tp, **ddp.CHECKS, **sharded.CHECKS, **pieces.CHECKS,
+          **schedules.CHECKS}

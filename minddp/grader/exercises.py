@@ -85,6 +85,32 @@ EXERCISES = {
         " a warm-up of forwards, then one backward and one forward in turn, then the"
         " backwards left"},
         ("one_f_one_b",), (2, 3, 4), (2, 3, 4)),
+    "interleaved": Exercise("pp.interleaved",
+                            "torch.distributed.pipelining.ScheduleInterleaved1F1B and"
+                            " ScheduleInterleavedZeroBubble", {
+        "interleaved_1f1b": "rank `rank`'s list of actions \"sFi\" (stage s, F or B, microbatch"
+        " i; None slots, the waits, are allowed anywhere and not graded), its stages rank,"
+        " rank + pp, ...: per_round = rounds(pp, n) (n // max(1, n // pp)); warmup ="
+        " min((n_local - 1) * per_round + 2 * (pp - 1 - rank), n * n_local) forwards; the"
+        " op-th forward (op = 0, 1, ... n * n_local - 1) at local stage (op // per_round) %"
+        " n_local, stage local * pp + rank; then for op = warmup ... warmup + n * n_local - 1:"
+        " the forward op (while op < n * n_local), then a backward at local stage n_local - 1"
+        " - ((op - warmup) // per_round) % n_local; each stage numbers its own forwards 0, 1,"
+        " ... and its own backwards 0, 1, .... zero_bubble=True: 1 per hop, not 2, in the"
+        " warm-up; each B written I (the input's gradient); after the I of op, once op -"
+        " warmup >= rank, a W (the weights' gradient) of the oldest I without its W (same"
+        " stage and microbatch); at the end the Ws left, in the I's order"},
+        ("interleaved_1f1b",), (2, 3, 4), (2, 3, 4)),
+    "zero_bubble": Exercise("pp.zero_bubble",
+                            "torch.distributed.pipelining.ScheduleInterleavedZeroBubble", {
+        "add_bubbles": "stock's _add_bubbles_to_actions: a new list per rank, built a slot at"
+        " a time while some rank's list is not used up; in each slot, rank 0 first, each such"
+        " rank takes its next action: None is copied (the rank moves on); a forward \"sFi\""
+        " with s > 0 whose input \"(s-1)Fi\" was not placed in an EARLIER slot gets None"
+        " instead (the rank stays on it); any other action is copied (the rank moves on). What"
+        " a slot places counts as done only from the next slot. Actions are never changed or"
+        " reordered, only delayed"},
+        ("add_bubbles",), (2, 3, 4), (2, 3, 4)),
     "ring": Exercise("collectives.ring_reduce_scatter",
                      "torch.distributed.all_reduce and reduce_scatter_tensor (gloo)", {
         "ring_reduce_scatter": "W - 1 steps round the ring: send to rank - 1 the block whose"
@@ -144,7 +170,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.list or args.name is None:
         for name, e in EXERCISES.items():
-            print(f"{name:10} minddp/{e.path}: {', '.join(e.todo)}  (against {e.against})")
+            print(f"{name:11} minddp/{e.path}: {', '.join(e.todo)}  (against {e.against})")
         return 0
     directory = pathlib.Path(args.directory)
     if directory.exists() and not directory.is_dir():
