@@ -121,6 +121,46 @@ PLANTED = {
          "        backwards += 1\n",
          "or a steady state that runs F before B"),
     ],
+    "interleaved": [
+        ("a warm-up one hop too long", "hop * (pp - 1 - rank), n * n_local)",
+         "hop * (pp - rank), n * n_local)",
+         "the warm-up: stock's rank 1 runs 3 forwards before its first backward, yours 4"),
+        ("the forwards one microbatch a stage", "return (op // per_round) % n_local * pp + rank",
+         "return op % n_local * pp + rank", "the forwards' stages: stock's forward number 1"),
+        ("the backwards from the first stage",
+         "return (n_local - 1 - (op - warmup) // per_round % n_local) * pp + rank",
+         "return ((op - warmup) // per_round % n_local) * pp + rank",
+         "the backwards' stages: stock's backward number 0 runs at stage 2, yours at 0"),
+        ("a W after every I", "op - warmup >= rank:", "op - warmup >= 0:",
+         "the Ws: stock's rank 1 runs 2 I(s) before its first W, yours 1"),
+        ("zero bubble's warm-up 2 a hop", "hop = 1 if zero_bubble else 2", "hop = 2",
+         "(yours adds 2 a hop, as interleaved 1F1B; zero bubble adds 1)"),
+        ("B before F in the steady state",
+         "            actions.append(act(forward_stage(op), \"F\"))\n"
+         "        elif not zero_bubble:\n"
+         "            actions.append(None)  # the cool-down waits a slot for each gradient\n"
+         "        actions.append(act(backward_stage(op), \"I\" if zero_bubble else \"B\"))\n",
+         "            actions.append(act(backward_stage(op), \"I\" if zero_bubble else \"B\"))\n"
+         "            actions.append(act(forward_stage(op), \"F\"))\n"
+         "        else:\n"
+         "            actions.append(act(backward_stage(op), \"I\" if zero_bubble else \"B\"))\n",
+         "the steady state: stock runs each op's F, then its B (F first)"),
+    ],
+    "zero_bubble": [
+        ("a slot's actions done at once", "                now.add((stage, kind, i))",
+         "                done.add((stage, kind, i))",
+         "runs in the same slot (on another rank): what a slot places counts as done only from"
+         " the next slot"),
+        ("the list's own None slots dropped", "            action = actions[at[r]]\n",
+         "            action = actions[at[r]]\n            if action is None:  # nothing to run\n"
+         "                at[r] += 1\n                continue\n",
+         "rank 1's list has a None of its own here"),
+        ("a waiting forward lost",
+         "                result[r].append(None)  # wait: the activation is not there yet\n",
+         "                result[r].append(None)  # wait: the activation is not there yet\n"
+         "                at[r] += 1\n",
+         "rank 0's list changed: 2F0 (stage 2's forward of microbatch 0) is lost"),
+    ],
     "ring": [
         ("a step short", "for step in range(size - 1):", "for step in range(size - 2):",
          "block 0 is still rank 0's own value: it never travelled round the ring"),

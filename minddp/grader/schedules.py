@@ -131,10 +131,15 @@ def _interleaved_why(yours, stock, at, rank, world_size, local, n, zero_bubble):
                 f"{_spell(extra[0])} {'repeated' if extra[0] in stock else 'not stock'}'s")
         return (f"actions missing or repeated ({what}): each of the rank's stages"
                 f" ({_stages(rank, world_size, local)}) runs {kinds} of each of the n = {n}"
-                f" microbatches once")
+                f" microbatches once" + (": a warm-up is at most n * local forwards" if any(
+                    _parse(a)[2] >= n for a in extra) else ""))
     warm_stock = next((k for k, a in enumerate(stock) if _parse(a)[1] != "F"), len(stock))
     warm_yours = next((k for k, a in enumerate(yours) if _parse(a)[1] != "F"), len(yours))
     warmup = min((local - 1) * per_round + hop * (world_size - 1 - rank), n * local)
+    if warm_yours == warmup and warm_stock == warmup + 1:  # the warm-up right, then B first
+        return (f"after a right warm-up of {warmup} forwards, the steady state: stock runs"
+                f" each op's F, then its {'I' if zero_bubble else 'B'} (F first); at action"
+                f" {at} yours runs {_spell(yours[at])}, stock's {_spell(stock[at])}")
     if warm_yours != warm_stock:
         theirs = warm_yours - (warm_stock - warmup)  # yours, less the steady state's first F
         other = min((local - 1) * per_round + (3 - hop) * (world_size - 1 - rank), n * local)
@@ -251,8 +256,8 @@ def _bubbles_why(given, yours_all, stock_all, rank, at):
                 f"{_spell(extra[0])} is {'repeated' if extra[0] in listed else 'not in it'}"
                 if extra else "its actions run in another order")
         return (f"rank {rank}'s list changed: {what}. The pass only adds None slots: a forward"
-                f" that waits gets a None in this slot and still runs, in a later one; every"
-                f" action of the list stays, in its order")
+                f" that waits gets a None and still runs, in a later slot; every action of"
+                f" the list stays, in its order")
     if at >= len(yours) or at >= len(stock):
         return (f"yours {'ends' if at >= len(yours) else 'goes on'} at slot {at}, stock's"
                 f" {'goes on' if at >= len(yours) else 'ends'}: the pass stops when every"
