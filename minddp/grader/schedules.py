@@ -127,11 +127,11 @@ def _interleaved_why(yours, stock, at, rank, world_size, local, n, zero_bubble):
     if Counter(yours) != Counter(stock):
         missing = sorted((Counter(stock) - Counter(yours)).elements(), key=stock.index)
         extra = list((Counter(yours) - Counter(stock)).elements())
-        what = (f"{_spell(missing[0])} missing" if missing else
-                f"{_spell(extra[0])} {'repeated' if extra[0] in stock else 'not stock'}'s")
+        how = "repeated" if extra and extra[0] in stock else "not stock's"
+        what = f"{_spell(missing[0])} missing" if missing else f"{_spell(extra[0])} {how}"
         return (f"actions missing or repeated ({what}): each of the rank's stages"
-                f" ({_stages(rank, world_size, local)}) runs {kinds} of each of the n = {n}"
-                f" microbatches once" + (": a warm-up is at most n * local forwards" if any(
+                f" ({_stages(rank, world_size, local)}) runs {kinds} of each microbatch once"
+                f" (n = {n})" + (": a warm-up is at most n * local forwards" if any(
                     _parse(a)[2] >= n for a in extra) else ""))
     warm_stock = next((k for k, a in enumerate(stock) if _parse(a)[1] != "F"), len(stock))
     warm_yours = next((k for k, a in enumerate(yours) if _parse(a)[1] != "F"), len(yours))
