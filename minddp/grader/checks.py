@@ -3,6 +3,6 @@
     minddp grade exercises/naive.py      # checks.CHECKS["naive"] on every rank
 """
 
-from . import ddp, pieces, sharded, tp
+from . import ddp, lessons, pieces, sharded, tp
 
-CHECKS = {"tp": tp.tp, **ddp.CHECKS, **sharded.CHECKS, **pieces.CHECKS}
+CHECKS = {"tp": tp.tp, **ddp.CHECKS, **sharded.CHECKS, **pieces.CHECKS, **lessons.CHECKS}
