@@ -14,6 +14,7 @@ on the same models and data, on real gloo ranks, and says passed (stock's bits),
     sharded.py    ZeRO-1 and FSDP: every shard and weight, step by step
     pieces.py     the sampler, the broadcast, the pipeline's lists, the ring
     tp.py         the tensor-parallel check
+    lessons.py    the device mesh's grid against stock's; recomputation against torch's checkpoint
     bound.py      `correct`: the rounding bound a right average that is not stock's lies in
     diagnosis.py  what a difference means: a factor, a source rank, a summation order
 docs/grade.md shows each exercise and what the grader says.

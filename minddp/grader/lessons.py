@@ -78,11 +78,13 @@ def mesh(student, rank, world_size):
     coordinate and local ranks at this world size against stock's init_device_mesh."""
     world = _world_shapes(world_size)
     shapes = [s for s in world if s not in SHAPES] + list(SHAPES)
-    label = ", ".join(str(s).replace(",)", ")") for s in shapes)
+    label = (f"the meshes of {_ranks(world_size)} and {len(shapes) - len(world)} more of up to"
+             f" {max(map(math.prod, shapes))} ranks, 1-D to {max(map(len, shapes))}-D")
     results = []
     groups = {(shape, dim): (_listed(student.grid_groups(shape, dim)), _stock_lines(shape, dim))
               for shape in shapes for dim in range(len(shape))}
-    results.append(_result(f"{_ranks(world_size)}, grid_groups: every dimension of {label}", *_groups_verdict(groups)))
+    results.append(_result(f"{_ranks(world_size)}, grid_groups: every dimension of {label}",
+                           *_groups_verdict(groups)))
     coordinates = {(shape, r): (_listed([student.grid_coordinate(shape, r)]),
                                 _stock_coordinate(shape, r))
                    for shape in shapes for r in range(math.prod(shape))}
@@ -166,8 +168,9 @@ def _groups_why(yours, stock, shape, dim):
     if flat != list(range(n)):
         missing = sorted(set(range(n)) - set(flat))
         twice = sorted({r for r in flat if flat.count(r) > 1})
-        return (f"not every rank exactly once: {'ranks ' + str(missing) + ' in no group' if missing else ''}"
-                f"{', ' if missing and twice else ''}{'ranks ' + str(twice) + ' in two' if twice else ''}:"
+        said = [f"ranks {missing} in no group"] * bool(missing) + [f"ranks {twice} in two"] * \
+            bool(twice)
+        return (f"not every rank exactly once: {', '.join(said)}:"
                 f" the groups of one dimension split all {n} ranks, one group per choice of the"
                 f" other coordinates")
     if sorted(map(sorted, yours)) == sorted(stock):
@@ -387,8 +390,8 @@ def recompute(student, rank, world_size):
             try:
                 runs[how] = _run(case, student.checkpoint if how == "yours" else how, save_ops)
             except Exception as error:  # noqa: BLE001 (said as the case's verdict)
-                if how != "yours":
-                    raise
+                if how != "yours" or isinstance(error, NotImplementedError):
+                    raise  # (a TODO left: the grader says "not written yet")
                 runs[how] = f"{type(error).__name__}: {error}"
         seen[i] = runs
     merged = {}
