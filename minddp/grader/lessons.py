@@ -403,8 +403,8 @@ def recompute(student, rank, world_size):
         mine = [(case, verdict) for case, verdict in zip(cases, verdicts)
                 if case["policy"] == policy]
         failed = next(((case, v) for case, v in mine if v is not None), None)
-        label = (f"{_ranks(world_size)}, {policy}: 3 models, dropout and none, under autocast,"
-                 f" preserve_rng_state=False")
+        label = (f"{_ranks(world_size)}, {policy}: 3 models, with dropout and without, under"
+                 f" autocast, preserve_rng_state=False")
         if failed is None:
             results.append(_result(label, True))
             continue
