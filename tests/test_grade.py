@@ -169,6 +169,38 @@ PLANTED = {
         ("the op ignored", "combine(op, mine, arrived)  #", "mine.add_(arrived)  #",
          "the ranks' values added, not their MAX"),
     ],
+    "recompute": [
+        ("the random state not replayed", "            if rng is not None:\n"
+         "                torch.set_rng_state(rng)\n", "",
+         "the random state was not replayed"),
+        ("nothing dropped", "saved_tensors_hooks(pack, unpack)",
+         "saved_tensors_hooks(lambda t: t, lambda t: t)", "nothing dropped: yours keeps"),
+        ("the RNG left where the second forward put it",
+         "with torch.random.fork_rng(devices=cuda, enabled=preserve_rng_state):",
+         "with contextlib.nullcontext():", "but not the random state after backward"),
+        ("autocast not put back", "enabled=autocast[0]", "enabled=False",
+         "under autocast only: the second forward did not run under the first one's autocast"),
+        ("the kept outputs not reused", "Reuse(kept, save_ops) if save_ops else"
+         " contextlib.nullcontext()", "contextlib.nullcontext()",
+         "selective keeps less than stock's"),
+    ],
+    "mesh": [
+        ("the slice, not the line", "lines = ranks.movedim(dim, -1).reshape(-1, shape[dim])",
+         "lines = ranks.movedim(dim, 0).reshape(shape[dim], -1)",
+         "the ranks that share coordinate 0 (the slice through the grid"),
+        ("consecutive ranks", "lines = ranks.movedim(dim, -1).reshape(-1, shape[dim])",
+         "lines = ranks.reshape(-1, shape[dim])", "blocks of 2 consecutive ranks"),
+        ("moved the wrong way", "lines = ranks.movedim(dim, -1).reshape(-1, shape[dim])",
+         "lines = ranks.movedim(-1, dim).reshape(-1, shape[dim])",
+         "stock's groups along dimension 1, not 0"),
+        ("a coordinate read backwards", "return [int(c) for c in (ranks == rank).nonzero()[0]]",
+         "return [int(c) for c in reversed((ranks == rank).nonzero()[0])]",
+         "the indices listed last dimension first"),
+        ("a column-major coordinate", "return [int(c) for c in (ranks == rank).nonzero()[0]]",
+         "return [int(c) for c in (torch.arange(math.prod(shape)).reshape(shape[::-1])"
+         ".permute(*reversed(range(len(shape)))) == rank).nonzero()[0]]",
+         "column-major: your first dimension varies fastest"),
+    ],
 }
 
 

@@ -15,6 +15,7 @@ on the same models and data, on real gloo ranks, and says passed (stock's bits),
     pieces.py     the sampler, the broadcast, 1F1B's list, the ring
     schedules.py  the pipeline's lists past 1F1B: interleaved 1F1B, zero bubble's waits
     tp.py         the tensor-parallel check
+    lessons.py    the device mesh's grid against stock's; recomputation against torch's checkpoint
     bound.py      `correct`: the rounding bound a right average that is not stock's lies in
     diagnosis.py  what a difference means: a factor, a source rank, a summation order
 docs/grade.md shows each exercise and what the grader says.

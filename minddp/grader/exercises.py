@@ -119,6 +119,27 @@ EXERCISES = {
         " own copy of that block, mine <- op(mine, arrived); both at once (p2p.exchange), so"
         " that rank b ends with block b reduced, x_b + (x_{b+1} + (... + x_{b-1}))"},
         ("ring_reduce_scatter",), (2, 3), (2, 3, 4)),
+    "recompute": Exercise("memory.recompute",
+                          "torch.utils.checkpoint.checkpoint (use_reentrant=False)", {
+        "checkpoint": "run function(*args, **kwargs) under saved-tensor hooks"
+        " (torch.autograd.graph.saved_tensors_hooks(pack, unpack)): pack replaces each tensor"
+        " an op saves by its number; the first unpack of a backward runs the function again"
+        " on the arguments cut from the graph (_cut), with the random state saved before the"
+        " forward put back (unless preserve_rng_state=False) and the autocast state of the"
+        " forward, inside torch.random.fork_rng so that the RNG after is as before; it"
+        " collects the tensors that run saves, in order (raise _Stop after the last), and"
+        " answers each number with its tensor, once. Refuse an argument changed in place"
+        " since the forward (its _version). Selective (save_ops): the forward under"
+        " Keep(kept, save_ops), the second under Reuse(kept, save_ops)"},
+        ("checkpoint",), (1,), (1, 2, 3, 4)),
+    "mesh": Exercise("mesh.device_mesh", "torch.distributed.device_mesh.init_device_mesh", {
+        "grid_groups": "the groups along dimension dim of a row-major grid of ranks"
+        " (torch.arange(prod(shape)).reshape(shape)): one per choice of the other"
+        " coordinates, each the global ranks that differ only in coordinate dim, in order"
+        " along dim",
+        "grid_coordinate": "rank's index along each dimension of the row-major grid (the last"
+        " dimension varies fastest)"},
+        ("grid_groups", "grid_coordinate", "DeviceMesh"), (2, 4), (1, 2, 3, 4)),
 }
 
 

@@ -9,5 +9,6 @@ Recomputation keeps a block's inputs only and runs its forward again when the ba
 needs what it dropped; a selective policy keeps the costly ops' outputs.
 Read:
     recompute.py  checkpoint by hand: saved-tensor hooks, the full and selective policies
-The example: examples/break_recompute.py. The docs page: docs/recompute.md.
+The example: examples/break_recompute.py. The docs page: docs/recompute.md. The
+exercise: minddp exercise recompute DIR.
 """

@@ -8,9 +8,10 @@ grid, each rank in one group of every dimension. On it the earlier chapters comp
 pipeline cuts the model into stages, tensor parallelism splits each layer, FSDP shards
 what is left over the data-parallel ranks, and clipping needs one norm of the whole.
 Read in this order:
-    device_mesh.py  DeviceMesh and init_device_mesh by hand: the grid's groups
+    device_mesh.py  DeviceMesh and init_device_mesh by hand: the grid's groups, a rank's place
     plan.py         what a mesh asks of a model, checked before any group exists
     compose.py      every parallelism on one mesh, as torchtitan applies them
     clip.py         gradient clipping on a mesh: each part of the norm counted once
-The example: examples/gpt_nd.py. The docs page: docs/mesh.md.
+The example: examples/gpt_nd.py. The docs page: docs/mesh.md. The exercise: minddp exercise
+mesh DIR.
 """

@@ -17,6 +17,7 @@ So tensor parallel (which talks at every layer) joins neighbouring ranks, which 
 machine share the fastest links; data parallel (once per step) spans the far ones. In the
 order they appear below:
   grid_groups     the ranks of every group of one dimension: lines through the grid
+  grid_coordinate   where a rank sits in the grid: one index per dimension
   DeviceMesh      the grid, its groups made once, a rank's coordinates and neighbours;
                   mesh["tp"] is the 1-D mesh of this rank's tp group, what lessons take
   init_device_mesh   stock's call: check the shape, then build the grid
@@ -45,6 +46,12 @@ def grid_groups(shape, dim):
     return [line.tolist() for line in lines]
 
 
+def grid_coordinate(shape, rank):
+    """Where `rank` sits in a row-major grid of `shape`: one index per dimension."""
+    ranks = torch.arange(math.prod(shape)).reshape(shape)
+    return [int(c) for c in (ranks == rank).nonzero()[0]]
+
+
 class DeviceMesh:
     """A grid of ranks with named dimensions, and this rank's group along each.
 
@@ -60,7 +67,7 @@ class DeviceMesh:
         rank = dist.get_rank() if rank is None else rank
         self._rank = rank
         # A rank's coordinates: where it sits in the grid, one number per dimension.
-        self._coordinate = [int(c) for c in (self.mesh == rank).nonzero()[0]]
+        self._coordinate = grid_coordinate(self.shape, rank)
         if groups is None:
             groups = [self._make_group(dim) for dim in range(len(self.shape))]
         self._groups = groups
