@@ -77,7 +77,7 @@ def _mesh(world_size, dp):
 
 def _sync(model, mesh, world_size):
     """ep.sync_gradients at 2 ranks; at 4, the replicated weights in rank order."""
-    from minddp.ep.parallel import parallel as ep
+    from minddp.ep import parallel as ep
     if world_size == 2:
         return ep.sync_gradients(model, mesh)
     experts = {id(p) for m in model.modules() if isinstance(m, ep.ExpertsOnRanks)
