@@ -17,7 +17,6 @@ import functools
 import gc
 import itertools
 import math
-import weakref
 
 import torch
 import torch.distributed as dist
@@ -29,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint as stock_checkpoint
 from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
+from ..bench.recompute import Outputs as _Outputs  # what the forward leaves alive, measured
 from .training import _everyone, _ranks, _result
 
 # Shapes checked in every rank, whatever the world size: no process group is made for them.
@@ -149,7 +149,7 @@ def _everywhere(groups, shape, dim):
     def every(rule):
         return all(yours is not None and sorted(map(sorted, yours)) == sorted(
             map(sorted, rule(shape, dim))) for (shape, dim), (yours, _) in groups.items())
-    n, size = math.prod(shape), shape[dim]
+    size = shape[dim]
     if every(lambda shape, dim: [m.flatten().tolist() for m in _stock_tensor(shape).unbind(dim)]):
         return (f"the ranks that share coordinate {dim} (the slice through the grid at each"
                 f" index of dimension {dim}), not those that differ only in it: along dimension"
@@ -308,21 +308,6 @@ def _case_label(case):
                                                      case["dropout"] else ", no dropout")
             + (", under autocast to bfloat16" if case["autocast"] else "")
             + (", preserve_rng_state=False" if not case["preserve"] else ""))
-
-
-class _Outputs(TorchDispatchMode):
-    """Weak references to every tensor an op returns while the mode is on."""
-
-    def __init__(self):
-        super().__init__()
-        self.made = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for o in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(o, torch.Tensor):
-                self.made.append(weakref.ref(o))
-        return out
 
 
 class _Count(TorchDispatchMode):
