@@ -90,24 +90,28 @@ def forget_dtensor_caches():
 def stock_leaked_meshes():
     """The device meshes that only stock's DTensor dispatch (C++) still holds: torch < 2.13."""
     # Torch 2.11's and 2.12's C++ sharding cache keeps a reference to the arguments of each op
-    # it propagates (tuples of DTensorSpecs and OpStrategies), which no call, the cache's own
-    # clear included, gives back; each spec holds its mesh, each mesh its process groups. A
-    # mesh counts as stock's leak only if every chain of holders above it runs through those
-    # classes to such a tuple that no Python object holds: a live DTensor, module, frame or
-    # global on the way is a holder of the program's own, and its mesh is left alone.
+    # it propagates (DTensorSpecs and OpStrategies, in tuples on 2.11, lists on 2.12), which no
+    # call, the cache's own clear included, gives back; each spec holds its mesh, each mesh
+    # its process groups. A mesh counts as stock's leak only if every chain of holders above
+    # it runs through those classes to such a tuple or list that no Python object holds: a
+    # live DTensor, module, frame or global on the way is a holder of the program's own, and
+    # its mesh is left alone.
     if torch.__version__ >= "2.13" or "torch.distributed.device_mesh" not in sys.modules:
         return []
     from torch.distributed.device_mesh import DeviceMesh
     # (type(), not isinstance: that reads __class__, and torch.distributed.reduce_op warns)
     meshes = [o for o in gc.get_objects() if issubclass(type(o), DeviceMesh)]
+    # (torch 2.12's decomposition tracer keeps a fake mesh of its own that has no group:
+    # holding nothing, it is no leak, whoever holds it)
+    meshes = [m for m in meshes if _held_groups(m)]
     frontier, seen = meshes, {id(m) for m in meshes}
     for _ in range(32):  # the chains are 2 to 7 deep; a longer one is not this leak
         if not frontier:
             return meshes  # every chain ended in a tuple only C++ holds
         holders = python_holders(frontier, meshes)
         held = {id(x) for h in holders for x in gc.get_referents(h)}
-        if any(id(o) not in held and type(o) is not tuple for o in frontier):
-            return []  # held from outside Python, and not by one of the cache's tuples
+        if any(id(o) not in held and type(o) not in (tuple, list) for o in frontier):
+            return []  # held from outside Python, and not by one of the cache's sequences
         if any(type(h) not in (tuple, list, dict) and type(h).__module__ not in _STOCK_INNER
                for h in holders):
             return []  # a DTensor, a module, a frame...: the program still holds it
@@ -132,10 +136,14 @@ def python_holders(objects, *ours):
 
 def let_go_of_groups(mesh):
     """Drop a leaked mesh's references to its process groups (it can never run again)."""
-    for held in vars(mesh).values():  # torch 2.11: _pg_registry, group name -> group
-        if isinstance(held, dict):
-            for name in [k for k, v in held.items() if isinstance(v, dist.ProcessGroup)]:
-                del held[name]
+    for held, name in _held_groups(mesh):
+        del held[name]
+
+
+def _held_groups(mesh):
+    """[(dict, key)] for each process group a mesh holds: its _pg_registry, name -> group."""
+    return [(held, k) for held in vars(mesh).values() if isinstance(held, dict)
+            for k, v in held.items() if isinstance(v, dist.ProcessGroup)]
 
 
 def group_threads():
