@@ -95,6 +95,9 @@ PLANTED = {
          "piece[:block.numel()].zero_()", "a different gradient"),
         ("no padding", "(0, 0, 0, p.rows * self.world_size - len(g))", "(0, 0, 0, 0)",
          "an exception: RuntimeError"),
+        ("nothing reduced", "dist.reduce_scatter_single(mine, flat.view(-1), dist.ReduceOp.AVG,"
+         " self.group)", "mine.copy_(flat[self.rank])",
+         "rows of the gradient are its own gradient's, not the average"),
     ],
     "tp": [
         ("the bias on every rank", "share = None if module.bias is None else ShareOfBias.apply(",
@@ -422,6 +425,73 @@ def test_right_averages_that_are_not_stocks_bits_are_correct_and_a_wrong_one_fai
     for check in json.loads(graded.stdout)["checks"][:2]:
         assert check["outcome"] == "failed" and "a wrong gradient, not a different order" in \
             check["diagnosis"], check
+
+
+# FSDP's reduce_scatter written other right ways (and one wrong): at 3 ranks each rounds
+# apart from stock's one flat reduce_scatter(AVG). Unit.reduce_scatter is the lesson's last
+# function: its body, from the line below on, is replaced.
+FSDP_BODY = "        # Laid out as the all_gather's: row r of `flat` holds every parameter's block r.\n"
+FSDP_WAYS = {  # name: (the body, the outcome, what the diagnosis must say)
+    "all_reduce, divide, our rows": ("""\
+        out = []
+        for p, g in zip(params, grads):
+            whole = g.clone()
+            dist.all_reduce(whole, group=self.group)
+            whole = whole / self.world_size
+            local = p.shard.to_local()
+            start = min(self.rank * p.rows, len(g))
+            out.append(self.as_dtensor(whole[start:start + len(local)].clone(), p.full))
+        return out
+""", "correct", "stock's arithmetic (sum, then divide), but not its buffer"),
+    "a reduce_scatter(AVG) per parameter": ("""\
+        out = []
+        for p, g in zip(params, grads):
+            padded = F.pad(g.reshape(len(g), -1), (0, 0, 0, p.rows * self.world_size - len(g)))
+            mine = padded.new_empty(p.block_numel)
+            dist.reduce_scatter_single(mine, padded.reshape(-1), dist.ReduceOp.AVG, self.group)
+            local = p.shard.to_local()
+            out.append(self.as_dtensor(mine[:local.numel()].view_as(local), p.full))
+        return out
+""", "correct", "correct, not stock's bits: within"),
+    "2^-20 too large": ("""\
+        flat = torch.cat([F.pad(g.reshape(len(g), -1), (0, 0, 0, p.rows * self.world_size
+                                                         - len(g))).view(self.world_size, -1)
+                          for p, g in zip(params, grads)], dim=1)
+        mine = flat.new_empty(flat.shape[1])
+        dist.reduce_scatter_single(mine, flat.view(-1), dist.ReduceOp.AVG, self.group)
+        mine.mul_(1 + 2 ** -20)
+        pieces = mine.split([p.block_numel for p in params])
+        return [self.as_dtensor(piece[:p.shard.to_local().numel()].view_as(p.shard.to_local()),
+                                p.full) for p, piece in zip(params, pieces)]
+""", "failed", "a wrong gradient, not a different order"),
+}
+
+
+def _fsdp_ways(rank, world_size):
+    """{way: the fsdp check's results} for each of FSDP_WAYS (in the shared 3-rank spawn)."""
+    lesson = (REPO / "minddp" / "fsdp" / "shard.py").read_text()
+    assert lesson.count(FSDP_BODY) == 1
+    graded = {}
+    with tempfile.TemporaryDirectory() as directory:
+        for i, (way, (body, _, _)) in enumerate(FSDP_WAYS.items()):
+            path = pathlib.Path(directory, f"{i}", "fsdp.py")
+            path.parent.mkdir()
+            path.write_text(lesson[:lesson.index(FSDP_BODY)] + body)
+            graded[way] = CHECKS["fsdp"](load(path, EXERCISES["fsdp"].lesson), rank, world_size)
+    return graded
+
+
+share_spawn(_fsdp_ways, [3])
+
+
+@pytest.mark.parametrize("way", list(FSDP_WAYS))
+def test_fsdp_reduced_another_right_way_is_correct_and_a_wrong_one_fails(way):
+    _, outcome, said = FSDP_WAYS[way]
+    for rank, graded in enumerate(shared_results(_fsdp_ways, 3)):
+        [result] = graded[way]
+        assert result.get("outcome", "passed") == outcome, (rank, way, result)
+        assert result["passed"] == (outcome == "correct"), (rank, way, result)
+        assert said in result["diagnosis"], (rank, way, result)
 
 
 def test_a_group_without_rank_0_averaged_over_the_whole_world_is_named(tmp_path):

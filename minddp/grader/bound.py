@@ -21,7 +21,6 @@ differs from stock is named by trying the usual right ways on the same gradients
 """
 
 import numpy as np
-import torch
 import torch.distributed as dist
 
 U = 2.0 ** -24  # float32's unit roundoff
@@ -30,7 +29,9 @@ U = 2.0 ** -24  # float32's unit roundoff
 def local_gradients(plain, module, microbatches, loss_fn):
     """{name: this rank's own gradient}, its microbatches' added, from a plain copy of
     `module`'s weights now."""
-    plain.load_state_dict(module.state_dict())
+    # (a sharded module's weights are DTensors: each made whole, on every rank alike)
+    plain.load_state_dict({name: t.full_tensor() if hasattr(t, "full_tensor") else t
+                           for name, t in module.state_dict().items()})
     plain.zero_grad()
     for x, y in microbatches:
         loss_fn(plain(x), y).backward()
@@ -53,7 +54,7 @@ def right_ways(grads, world_size, group=None):
     return ways
 
 
-NOTES = {
+NOTES = {  # DDP's: stock scales each rank's gradient by 1/W, then all-reduces buckets
     "x / W": "you divide each gradient by the world size (x / W); stock multiplies by 1/W (x *"
              " (1/W)), and the two round differently: multiply by 1.0 / world_size for stock's"
              " bits",
@@ -65,10 +66,24 @@ NOTES = {
 }
 
 
-def judge(yours, locals_, ways, world_size):
+FSDP_NOTES = {  # stock's fully_shard: one reduce_scatter(AVG) of a flat buffer per unit
+    "x / W": "you divide each rank's gradient by the world size before the sum; stock's"
+             " reduce_scatter with AVG sums, then divides (gloo): reduce with AVG for stock's"
+             " bits",
+    "sum / W": "stock's arithmetic (sum, then divide), but not its buffer: stock"
+               " reduce_scatters one flat buffer of the unit's gradients, laid out as"
+               " unshard's, and gloo adds the ranks in an order set by where an element sits"
+               " in the buffer: one flat buffer for stock's bits",
+    "x * (1/W)": "you multiply each rank's gradient by 1/W before the sum; stock's"
+                 " reduce_scatter with AVG sums, then divides (gloo): reduce with AVG for"
+                 " stock's bits",
+}
+
+
+def judge(yours, locals_, ways, world_size, notes=NOTES):
     """(correct, where, what): yours[step][rank], locals_[step][rank] and ways[step][rank]
-    as gathered from every rank."""
-    units_seen, matched = 0.0, set(NOTES)
+    as gathered from every rank; `notes` names what differs from stock, by way."""
+    units_seen, matched = 0.0, set(notes)
     for step, (mine, theirs) in enumerate(zip(yours, locals_)):
         for name in mine[0]:
             if mine[0][name] is None:
@@ -89,8 +104,8 @@ def judge(yours, locals_, ways, world_size):
                             f"{units:.3g} units of u x sum|g_r|/W from the exact average, where"
                             f" any order of the sum stays within {world_size + 2}: a wrong"
                             f" gradient, not a different order")
-            matched &= {w for w in NOTES if np.array_equal(mine[0][name], ways[step][0][w][name])}
+            matched &= {w for w in notes if np.array_equal(mine[0][name], ways[step][0][w][name])}
     way = next(iter(sorted(matched)), None)
-    what = NOTES[way] if way else "the same sum in another order than stock's"
+    what = notes[way] if way else "the same sum in another order than stock's"
     return True, "", (f"correct, not stock's bits: within {units_seen:.2g} of the {world_size + 2}"
                       f" units any order allows, the same on every rank, at every step; {what}")

@@ -72,7 +72,9 @@ EXERCISES = {
         "Unit.unshard": "all_gather the unit's blocks (one flat buffer, each block padded to"
         " the same rows) into the whole weights, and show them to the module",
         "Unit.reduce_scatter": "sum each whole gradient over the ranks and keep this rank's"
-        " rows, averaged (reduce_scatter with AVG), as DTensor blocks"},
+        " rows, averaged, as DTensor blocks. For stock's bits: one flat buffer laid out as"
+        " unshard's (row r holds every parameter's block r, padded) and one reduce_scatter"
+        " with AVG (gloo sums, then divides); another right way is graded `correct`"},
         ("Unit", "fully_shard"), (1, 2, 3), (1, 2, 3, 4)),
     "tp": Exercise("tp.parallel", "torch.distributed.tensor.parallel.parallelize_module", {
         "ColwiseParallel._whole": "the input every rank's column slice needs: whole, with a"

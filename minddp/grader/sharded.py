@@ -2,11 +2,15 @@
 
     minddp grade exercises/zero.py       # grade.py runs CHECKS[exercise] on every rank
 
+An FSDP gradient that is not stock's bits, but within a rounding of it, is judged against
+the exact average as DDP's are (bound.py): `correct` within the bound, with what differs
+from stock named (a reduce per parameter, not one flat buffer; divide before the sum).
 As in checks.py: each check runs on every rank and returns the same results on each.
 """
 
 import copy
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 # Stock's references, imported before any process group exists: importing
@@ -16,6 +20,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.device_mesh import init_device_mesh as stock_mesh
 from torch.nn.parallel import DistributedDataParallel
 
+from .bound import FSDP_NOTES, judge, right_ways
 from .diagnosis import compare, first_difference
 from .training import MODELS, STEPS, _everyone, _np, _ranks, _result, _runs, _train
 
@@ -89,7 +94,7 @@ def fsdp(student, rank, world_size):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 7),
                                 torch.nn.ReLU(), torch.nn.Linear(7, 2))  # rows: 5, 7, 2
-    stock = copy.deepcopy(model)
+    stock, plain = copy.deepcopy(model), copy.deepcopy(model)  # plain: local gradients
     mesh = stock_mesh("cpu", (world_size,))
     for layer in (0, 2, 4):
         student.fully_shard(model[layer])
@@ -102,11 +107,46 @@ def fsdp(student, rank, world_size):
         return torch.randn(4, 3, generator=g), torch.randn(4, 2, generator=g)
     adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False)  # noqa: E731
     record = {"stock": _train(stock, stock, adamw, batch, F.mse_loss, rank),
-              "yours": _train(model, model, adamw, batch, F.mse_loss, rank)}
+              "yours": _train(model, model, adamw, batch, F.mse_loss, rank, plain=plain)}
+    # The right ways to average each step's local gradients, after the run (bound.py).
+    local = record["yours"].pop("local")
+    record["yours"]["ways"] = [right_ways(grads, world_size) for grads in local]
+    record["yours"]["local"] = [{n: _np(g) for n, g in grads.items()} for grads in local]
     everyone = _everyone(record)
-    return [_result(f"{_ranks(world_size)}, an MLP whose rows no rank count divides, AdamW",
-                    *compare(_runs(everyone, "yours"), _runs(everyone, "stock"), world_size,
-                             "stock's reduce_scatter sums, then divides by the world size"))]
+    result = _result(f"{_ranks(world_size)}, an MLP whose rows no rank count divides, AdamW",
+                     *compare(_runs(everyone, "yours"), _runs(everyone, "stock"), world_size,
+                              "stock's reduce_scatter sums, then divides by the world size"))
+    if not result["passed"] and _own_blocks(everyone, world_size):
+        result["diagnosis"] = ("each rank's rows of the gradient are its own gradient's, not"
+                               " the average over the ranks: the gradients were never reduced"
+                               " (reduce_scatter with AVG, and keep its result)")
+    if not result["passed"] and result["diagnosis"].startswith("tiny"):  # right, or wrong?
+        by_step = [[[e["yours"][key][s] for e in everyone] for s in range(STEPS)]
+                   for key in ("grads", "local", "ways")]
+        correct, at, verdict = judge(*by_step, world_size, notes=FSDP_NOTES)
+        result.update(passed=correct, outcome="correct" if correct else "failed",
+                      where=result["where"] if correct else at, diagnosis=verdict)
+    return [result]
+
+
+def _own_blocks(everyone, world_size):
+    """Whether step 0's whole gradients hold, in each rank's rows, that rank's own local
+    gradient (as if nothing was reduced), where the average would be another number."""
+    grads, local = everyone[0]["yours"]["grads"][0], [e["yours"]["local"][0] for e in everyone]
+    if world_size == 1 or set(grads) != set(local[0]):
+        return False
+    apart = False
+    for name, whole in grads.items():
+        if whole is None or local[0][name] is None:
+            continue
+        rows = -(-len(whole) // world_size)  # torch.chunk's blocks, as fully_shard's
+        mean = sum(part[name] for part in local) / world_size
+        for r in range(world_size):
+            block = slice(r * rows, (r + 1) * rows)
+            if not np.allclose(whole[block], local[r][name][block], rtol=1e-5, atol=1e-7):
+                return False
+            apart |= not np.allclose(whole[block], mean[block], rtol=1e-5, atol=1e-7)
+    return apart
 
 
 CHECKS = {"zero": zero, "fsdp": fsdp}
