@@ -342,8 +342,8 @@ def _sync_verdict(everyone, step, world_size, dp):
                 f" mean over every rank's part: all_reduce over the world, / W"
         local = e["reference"]["steps"][step]["local"].get(name)
         factor = _factor(ours[name], theirs[name])
-        holders = (f"the {dp} ranks that hold it (dp)" if dp > 1 else
-                   "no other rank: at dp = 1 each expert is on one rank")
+        holders = (f"the {dp} ranks that hold it (dp) only" if dp > 1 else
+                   "no other rank (at dp = 1 each expert lives on one rank)")
         if factor is not None:
             said = {float(world_size): f"not divided by W = {world_size}"}
             if dp > 1:
@@ -360,11 +360,36 @@ def _sync_verdict(everyone, step, world_size, dp):
             return False, where, (
                 f"expert {expert}'s gradient is this rank's own part, scaled: not summed over"
                 f" {holders} before the division by W = {world_size}")
+        if _over_ep(everyone, step, rank, name, world_size, dp, ours[name]):
+            return False, where, (
+                f"expert {expert}'s gradient is summed over the ep ranks, which hold other"
+                f" experts: each rank added its own expert's gradient at the same place. An"
+                f" expert's gradient is summed over {holders}, then divided by W ="
+                f" {world_size}")
         return False, where, (
             f"expert {expert}'s gradient is not the reference's: an expert's gradient is summed"
-            f" over {holders} only (never over the ep ranks: they hold other experts), then"
+            f" over {holders} (never over the ep ranks: they hold other experts), then"
             f" divided by W = {world_size}")
     return None
+
+
+def _over_ep(everyone, step, rank, name, world_size, dp, ours):
+    """Whether `ours` is the sum over every rank (or the ep ranks) of the local gradients of
+    the expert in the same slot (the k-th expert of each rank), / W: an all_reduce over a
+    group whose ranks hold other experts."""
+    ep = world_size // dp
+    per_rank = NUM_EXPERTS // ep
+    slot = _expert_of(name) % per_rank
+    rest = ".".join(name.split(".")[3:])
+
+    def local(q):
+        e = q % ep * per_rank + slot
+        return everyone[q]["yours"]["steps"][step]["local"][f"experts.mlps.{e}.{rest}"]
+    for ranks in (range(world_size), range(rank // ep * ep, rank // ep * ep + ep)):
+        total = sum(local(q).astype(np.float64) for q in ranks) / world_size
+        if np.allclose(ours, total, rtol=1e-4, atol=1e-7):
+            return True
+    return False
 
 
 def _source(row, counts, expert, first, ep):
@@ -386,8 +411,9 @@ def _rows_why(expert, rank, ours, theirs, counts, first, ep):
         return (f"expert {expert} (on rank {rank}) was never run: it is given"
                 f" {len(theirs)} rows in one process")
     if ours.shape != theirs.shape:
+        each = ", ".join(f"rank {q}'s {counts[q][expert]}" for q in range(first, first + ep))
         return (f"expert {expert} (on rank {rank}) got {len(ours)} rows, one process gives it"
-                f" {len(theirs)} ({', '.join(f'rank {q}: {counts[q][expert]}' for q in range(first, first + ep))}):"
+                f" {len(theirs)} ({each}):"
                 f" the rows from each rank regrouped by expert (3) with the counts each rank"
                 f" sent (1)")
     match = []
@@ -419,12 +445,23 @@ def _splits_verdict(everyone, world_size, dp):
               for i in range(ep)]
     outs = [_split(o, s, ep) for o, _, s, _ in seen]
     ins = [_split(i, s, ep) for _, i, _, s in seen]
-    i, j = next(((i, j) for i in range(ep) for j in range(ep) if ins[i][j] != outs[j][i]),
-                (0, 0))
-    where = (f"step {step}, {phase}, all_to_all number {call}: rank {first + i} sends rank"
-             f" {first + j} {ins[i][j]} rows, rank {first + j} expects {outs[j][i]} from it;"
-             f" one process routes {routes[i][j]} of rank {first + i}'s pairs to rank"
-             f" {first + j}'s experts")
+    pair = next(((i, j) for i in range(ep) for j in range(ep) if ins[i][j] != outs[j][i]),
+                None)
+    if pair is None:  # every pair agrees: a rank's splits do not add up to its rows
+        r = next(r for r in range(ep)
+                 if sum(outs[r]) != seen[r][0] or sum(ins[r]) != seen[r][1])
+        which = "output" if sum(outs[r]) != seen[r][0] else "input"
+        held = seen[r][0] if which == "output" else seen[r][1]
+        split = outs[r] if which == "output" else ins[r]
+        where = (f"step {step}, {phase}, all_to_all number {call}: rank {first + r}'s {which}"
+                 f" holds {held} rows, its {which} splits {split} add up to {sum(split)}")
+    else:
+        i, j = pair
+        where = (
+            f"step {step}, {phase}, all_to_all number {call}: rank {first + i} sends rank"
+            f" {first + j} {ins[i][j]} rows, rank {first + j} expects {outs[j][i]} from it"
+            + (f"; one process routes {routes[i][j]} of rank {first + i}'s pairs to rank"
+               f" {first + j}'s experts" if phase == "the forward" else ""))
     if phase == "the backward":
         right = all(e["output"] is not None and np.array_equal(
             e["output"], e["reference"]["steps"][step]["(output)"]) for e in everyone)
