@@ -210,7 +210,7 @@ PLANTED = {
          "by_expert = torch.argsort(experts_of_rows * len(experts_of_rows)\n"
          "                                   - torch.arange(len(experts_of_rows)))",
          "expert 2 (on rank 0) got the right 2 rows in another order: its row 0 is rank 1's"
-         " pair 0, one process's is rank 0's pair 0"),
+         " row 0 of its 1 for it, one process's is rank 0's row 0 of its 1 for it"),
         ("the rows not regrouped by expert", "runs = arrived[by_expert].split(",
          "runs = arrived.split(", "got other rows than one process's"),
         ("the outputs not back to source order", "back = outputs[torch.argsort(by_expert)]",

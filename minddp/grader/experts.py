@@ -345,12 +345,14 @@ def _sync_verdict(everyone, step, world_size, dp):
         holders = (f"the {dp} ranks that hold it (dp) only" if dp > 1 else
                    "no other rank (at dp = 1 each expert lives on one rank)")
         if factor is not None:
-            said = {float(world_size): f"not divided by W = {world_size}"}
-            if dp > 1:
-                said[world_size / dp] = f"divided by dp = {dp}, not W = {world_size}"
-            if world_size // dp > 1:
-                said[float(dp)] = f"divided by ep = {world_size // dp}, not W = {world_size}"
-            why = said.get(round(factor, 6), "divided by the wrong count")
+            # W / factor is what the student divided by: 1 (not divided), dp or ep (which
+            # may be equal: dp = ep = 2 at 4 ranks, then both are named)
+            by = world_size / factor
+            named = [f"{what} = {n}" for what, n in (("dp", dp), ("ep", world_size // dp))
+                     if n > 1 and abs(by - n) < 1e-6]
+            why = (f"not divided by W = {world_size}" if abs(by - 1) < 1e-6 else
+                   f"divided by {' or '.join(named)}, not W = {world_size}" if named else
+                   f"divided by {by:g}, not W = {world_size}")
             return False, where, (
                 f"{factor:.3f}x the reference's, expert {expert}'s gradient: {why}. An"
                 f" expert's gradient is summed over {holders}, then divided by all W ="
@@ -393,12 +395,13 @@ def _over_ep(everyone, step, rank, name, world_size, dp, ours):
 
 
 def _source(row, counts, expert, first, ep):
-    """'rank q's pair k' for a row of `expert` in one process's order: source-major."""
+    """'rank q's row k of its n for it' for a row of `expert` in one process's order
+    (source-major: each rank's rows for the expert, rank by rank)."""
     start = 0
     for q in range(first, first + ep):
         n = counts[q][expert]
         if row < start + n:
-            return f"rank {q}'s pair {row - start}"
+            return f"rank {q}'s row {row - start} of its {n} for it"
         start += n
     return "none"
 
