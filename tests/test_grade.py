@@ -204,6 +204,37 @@ PLANTED = {
          ".permute(*reversed(range(len(shape)))) == rank).nonzero()[0]]",
          "column-major: your first dimension varies fastest"),
     ],
+    "experts": [
+        ("the counts not exchanged", "dist.all_to_all_single(rows, counts, group=self.group)",
+         "rows.copy_(counts)", "the counts not exchanged: each rank expects from every rank"
+         " what it sends itself"),
+        ("source order broken within an expert",
+         "by_expert = torch.argsort(experts_of_rows, stable=True)",
+         "by_expert = torch.argsort(experts_of_rows * len(experts_of_rows)\n"
+         "                                   - torch.arange(len(experts_of_rows)))",
+         "expert 2 (on rank 0) got the right 2 rows in another order: its row 0 is rank 1's"
+         " row 0 of its 1 for it, one process's is rank 0's row 0 of its 1 for it"),
+        ("the rows not regrouped by expert", "runs = arrived[by_expert].split(",
+         "runs = arrived.split(", "got other rows than one process's"),
+        ("the outputs not back to source order", "back = outputs[torch.argsort(by_expert)]",
+         "back = outputs", "every expert was given the reference's rows in the reference's"
+         " order, but this rank's outputs are not its pairs'"),
+        ("the backward not sent home", "return back, None, None, None",
+         "return grad, None, None, None", "the forward is right, the backward returned a"
+         " gradient of another number of rows"),
+        ("the backward with the forward's splits",
+         "dist.all_to_all_single(back, grad.contiguous(), send, recv, group=group)",
+         "dist.all_to_all_single(back, grad.contiguous(), recv, send, group=group)",
+         "the forward is right, the backward is not: the gradients are not sent home"),
+        ("the experts not divided", "        p.grad /= world_size  # the loss is the mean",
+         "        if id(p) not in experts:\n            p.grad /= world_size  # the loss is the"
+         " mean", "2.000x the reference's, expert 2's gradient: not divided by W = 2"),
+        ("the experts summed over every rank", "if id(p) not in experts:", "if True:",
+         "summed over the ep ranks, which hold other experts"),
+        ("the replicated weights not averaged", "dist.all_reduce(p.grad)  # the mesh",
+         "pass  # the mesh", "the replicated weights' gradients (router.weight) differ from"
+         " rank to rank"),
+    ],
 }
 
 

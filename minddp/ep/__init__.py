@@ -11,4 +11,5 @@ Read in this order:
     experts.py   the layer in one process: the router, the experts, the combine
     parallel.py  the experts on ranks: counts, regroup, all_to_all and its backward
 The examples: examples/experts.py, examples/break_experts.py. The docs page: docs/experts.md.
+The exercise: minddp exercise experts DIR.
 """

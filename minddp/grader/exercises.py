@@ -142,6 +142,26 @@ EXERCISES = {
         "grid_coordinate": "rank's index along each dimension of the row-major grid (the last"
         " dimension varies fastest)"},
         ("grid_groups", "grid_coordinate", "DeviceMesh"), (2, 4), (1, 2, 3, 4)),
+    "experts": Exercise("ep.parallel", "one process on the whole batch"
+                        " (minddp/references/moe.py)", {
+        "_AllToAll.backward": "the gradient of each row that arrived goes back to the rank it"
+        " came from, in its place: the same all_to_all_single the other way (send and recv"
+        " swapped); None for send, recv and group",
+        "ExpertsOnRanks.forward": "(1) all_to_all the counts: each rank's counts cut in runs of"
+        " per_rank, one run to each ep rank, so that rows[j][e] is how many rows rank j sends to"
+        " my expert e; send[j] = my counts for rank j's experts, recv[j] = what rank j sends me;"
+        " (2) all_to_all the rows with those uneven splits (they arrive source-major: rank 0's run"
+        " for my experts, then rank 1's); (3) regroup them by expert, keeping source order within"
+        " an expert (a stable sort): each expert must see its rows in the order (source rank,"
+        " token), the order one process on the whole batch gives it, or its gradient is summed in"
+        " another order; (4) each local expert on its run; (5) the outputs back to source order"
+        " (the inverse permutation), and home by all_to_all (recv and send swapped)",
+        "sync_gradients": "the replicated weights' gradients (the router): all_reduce (SUM)"
+        " over every rank, then / W; an expert's: all_reduce over the ranks that hold the same"
+        " experts (mesh[\"dp\"]; none with a 1-D mesh, never the ep ranks: they hold other"
+        " experts), then / W as well (not / dp): the loss is the mean of the W ranks' losses,"
+        " and the all_to_all's backward already brought every rank's tokens' part"},
+        ("ExpertsOnRanks", "expert_parallel", "sync_gradients"), (2, 4), (1, 2, 4)),
 }
 
 
