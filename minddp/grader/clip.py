@@ -109,15 +109,12 @@ def clip(student, rank, world_size):
         saved = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
         yours = _clipped(student.clip_grad_norm_, model, stage, mesh, saved)
         record = {m: _compared(yours[m], theirs[m], before, m) for m in MAX_NORMS}
-        everyone = _everyone(record)
+        # each rank's own mistakes' totals: a part not summed is this rank's part alone
+        everyone = _everyone((record, exact))
         results.append(_result(
             f"{_ranks(world_size)}, {label}: the total norm and every gradient, max_norm"
-            f" {MAX_NORMS[0]} and {MAX_NORMS[1]}", *_verdict(everyone, exact)))
+            f" {MAX_NORMS[0]} and {MAX_NORMS[1]}", *_verdict(everyone)))
     return results
-
-
-def _bits(t):
-    return float(t) if t is not None else None
 
 
 def _compared(yours, theirs, before, max_norm):
@@ -234,9 +231,10 @@ WHY = {
 }
 
 
-def _verdict(everyone, exact):
-    """passed, where, diagnosis: the first rank and max_norm that differs, read as a mistake."""
-    for rank, record in enumerate(everyone):
+def _verdict(everyone):
+    """passed, where, diagnosis: the first rank and max_norm that differs, read as a mistake
+    with that rank's totals of the usual mistakes."""
+    for rank, (record, exact) in enumerate(everyone):
         for max_norm, r in record.items():
             if r["total"] != r["stock"]:
                 where = (f"rank {rank}, max_norm {max_norm}: the total norm: yours"
