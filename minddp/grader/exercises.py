@@ -228,8 +228,9 @@ def main(argv=None):
     parser.add_argument("--list", action="store_true", help="the exercises, one line each")
     args = parser.parse_args(argv)
     if args.list or args.name is None:
+        width = max(map(len, EXERCISES))
         for name, e in EXERCISES.items():
-            print(f"{name:11} minddp/{e.path}: {', '.join(e.todo)}  (against {e.against})")
+            print(f"{name:{width}} minddp/{e.path}: {', '.join(e.todo)}  (against {e.against})")
         return 0
     directory = pathlib.Path(args.directory)
     if directory.exists() and not directory.is_dir():
