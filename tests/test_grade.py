@@ -235,6 +235,54 @@ PLANTED = {
          "pass  # the mesh", "the replicated weights' gradients (router.weight) differ from"
          " rank to rank"),
     ],
+    "clip": [
+        ("a DDP replica summed over dp", 'if isinstance(p.grad, DTensor) and "dp" in names:',
+         'if "dp" in names:', "a copy counted dp times: each gradient is a replica over dp"),
+        ("the row split's bias summed over tp", "if tp_layer and attr in SLICES[layer]:",
+         "if tp_layer:", "a copy counted tp times: the row split's bias"),
+        ("fully_shard's blocks not summed", 'norm = _whole(norm, mesh["dp"].get_group())',
+         "norm = norm", "a part not summed over dp"),
+        ("the parts' norms added, not their squares", "    norm = norm ** 2\n",
+         "    norm = norm.clone()\n", "the squares not taken"),
+        ("the parts' sum not rooted", "    return norm ** 0.5\n", "    return norm\n",
+         "the sqrt missed"),
+        ("the stages not summed", 'if "pp" in mesh.mesh_dim_names:', "if False:",
+         "the stages not summed over pp"),
+        ("the scale not clamped",
+         "torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=False)",
+         "[p.grad.mul_(max_norm / (total + 1e-6)) for p in params]",
+         "the scale not clamped to 1"),
+        ("the gradients given for the parameters",
+         "torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=False)",
+         "torch.nn.utils.clip_grads_with_norm_([p.grad for p in params], max_norm, total,"
+         " foreach=False)", "not scaled: the total exceeds max_norm"),
+    ],
+    "ring_attention": [
+        ("zig-zag's second chunk not the mirror", "[rank, 2 * world_size - 1 - rank]",
+         "[rank, world_size + rank]", "rank 0 of 2: yours [0, 2], stock's [0, 3]: zig-zag cuts"
+         " the sequence in 2 x 2 = 4 chunks"),
+        ("the diagonal without its mask", "return whole, whole, True  #",
+         "return whole, whole, False  #", "computes pairs the causal mask excludes"),
+        ("a later rank's keys for all my rows", "return late, whole, False",
+         "return whole, whole, False", "computes pairs the causal mask excludes (8 of them):"
+         " the query at position 0 (row 0) sees no key after it"),
+        ("a later rank's keys skipped", "return late, whole, False", "return None",
+         "skips pairs a query needs"),
+        ("each block replaces the one before",
+         "merge(out[:, :, rows], lse[:, :, rows],\n" + " " * 57 + "block_out, block_lse)",
+         "block_out, block_lse", "each block's result replaces the one before"),
+        ("the lse not combined", "out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows],"
+         " lse[:, :, rows],\n" + " " * 57 + "block_out, block_lse)",
+         "out[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], block_out, block_lse)[0]",
+         "the lse not combined"),
+        ("merged in bfloat16", "block_out.float(), block_lse.float().unsqueeze(-1)",
+         "block_out, block_lse.unsqueeze(-1)", "merged in the input's dtype (bfloat16)"),
+        ("the blocks' shares not normalized",
+         "merge(out[:, :, rows], lse[:, :, rows],\n" + " " * 57 + "block_out, block_lse)",
+         "(torch.exp(lse[:, :, rows]) * out[:, :, rows] + torch.exp(block_lse) * block_out,"
+         " torch.logaddexp(lse[:, :, rows], block_lse))",
+         "the max (the whole lse) subtracted"),
+    ],
 }
 
 

@@ -13,4 +13,5 @@ Read in this order:
     ring_attention.py     ring attention, forward and backward, as one autograd op
     context_parallel.py   stock's context_parallel by hand: the inputs cut, SDPA the ring
 The examples: examples/context.py, examples/break_context.py. The docs page: docs/context.md.
+The exercise: minddp exercise ring_attention DIR.
 """

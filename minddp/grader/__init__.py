@@ -17,6 +17,8 @@ on the same models and data, on real gloo ranks, and says passed (stock's bits),
     tp.py         the tensor-parallel check
     lessons.py    the device mesh's grid against stock's; recomputation against torch's checkpoint
     experts.py    expert parallelism against one process on the whole batch: splits, rows, sync
+    clip.py       gradient clipping on a mesh against torchtitan's clip on stock's calls
+    context.py    ring attention: its chunks, its parts of each block, the ring against stock's
     bound.py      `correct`: the rounding bound a right average that is not stock's lies in
     diagnosis.py  what a difference means: a factor, a source rank, a summation order
 docs/grade.md shows each exercise and what the grader says.

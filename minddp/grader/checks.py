@@ -3,7 +3,7 @@
     minddp grade exercises/naive.py      # checks.CHECKS["naive"] on every rank
 """
 
-from . import ddp, experts, lessons, pieces, schedules, sharded, tp
+from . import clip, context, ddp, experts, lessons, pieces, schedules, sharded, tp
 
 CHECKS = {"tp": tp.tp, **ddp.CHECKS, **sharded.CHECKS, **pieces.CHECKS, **schedules.CHECKS,
-          **lessons.CHECKS, **experts.CHECKS}
+          **lessons.CHECKS, **experts.CHECKS, **clip.CHECKS, **context.CHECKS}

@@ -162,6 +162,44 @@ EXERCISES = {
         " experts), then / W as well (not / dp): the loss is the mean of the W ranks' losses,"
         " and the all_to_all's backward already brought every rank's tokens' part"},
         ("ExpertsOnRanks", "expert_parallel", "sync_gradients"), (2, 4), (1, 2, 4)),
+    "clip": Exercise("mesh.clip", "torchtitan's clip_grad_norm_ on stock's fully_shard, TP,"
+                     " DDP and pipeline (references/libraries.py)", {
+        "_whole": "the norm of the whole from each rank's norm of its part: square it,"
+        " all_reduce (SUM) over the group, then the square root ((sum of squares) ** 0.5)",
+        "weight_norms": "for each parameter with a gradient, once (a tied weight once), in"
+        " module.modules() order: torch.linalg.vector_norm of this rank's gradient (its"
+        " to_local() if a DTensor); made whole over dp if it is fully_shard's block (a"
+        " DTensor gradient), then over tp if it is a TP slice (SLICES[layer] names the"
+        " attribute); a copy (DDP's replica over dp, a weight TP leaves whole) as it is; the"
+        " norms grouped as stock's meshes: \"tp layers\" (the layers in SLICES) and \"others\"",
+        "clip_grad_norm_": "each group's total: vector_norm of its norms stacked; the total:"
+        " the groups' totals squared, summed (from torch.zeros(())), then ** 0.5; with pp:"
+        " squared, all_reduce over pp, ** 0.5; then every gradient multiplied by max_norm /"
+        " (total + 1e-6) clamped to 1.0, one gradient at a time (torch.nn.utils"
+        ".clip_grads_with_norm_ with foreach=False does this: it takes the parameters, and"
+        " scales their .grad); return the total (before clipping)"},
+        ("weight_norms", "clip_grad_norm_"), (2, 4), (2, 4)),
+    "ring_attention": Exercise("cp.ring_attention", "stock's ring attention"
+                               " (torch.distributed.tensor.experimental._context_parallel)", {
+        "chunk_ids": "the chunks of the sequence this rank holds, in order: in order, chunk"
+        " rank of world_size; zig-zag, of 2 * world_size chunks, rank and its mirror from the"
+        " end, 2 * world_size - 1 - rank (stock's head-tail load balancer)",
+        "part_of_block": "what rank `rank`'s queries compute against the keys of rank"
+        " `source`: (rows, cols, causal) slices of this rank's `length` positions, or None for"
+        " nothing: the rows that see any of its keys, the keys those rows see, causal=True only"
+        " where that block is not whole (the diagonal block s = r). No mask: everything. In"
+        " order: an earlier rank's keys whole, a later one's none. Zig-zag (an early and a late"
+        " chunk each): an earlier rank's early chunk for all my rows; a later rank's keys,"
+        " whole, for my late chunk only",
+        "ring_forward": "size steps round the ring: before computing, pass the k and v block"
+        " held (one message, torch.cat of both flattened; pass_on with tag KV) on to the next"
+        " rank; at step i compute part_of_block(rank, (rank - i) % size, ...) of it with the"
+        " kernel (KERNELS[kernel][0]), its out and lse in float32 (lse with a trailing"
+        " dimension of 1); the first step starts (out, lse), each later one merges into the"
+        " rows it covers (blockwise.merge: stock's sigmoid and logsigmoid form); wait for the"
+        " next block. Return out in q's dtype and lse without the trailing dimension, in"
+        " torch.promote_types(q.dtype, torch.float32)"},
+        ("chunk_ids", "part_of_block", "ring_forward"), (2, 4), (2, 3, 4)),
 }
 
 
@@ -212,8 +250,9 @@ def main(argv=None):
     parser.add_argument("--list", action="store_true", help="the exercises, one line each")
     args = parser.parse_args(argv)
     if args.list or args.name is None:
+        width = max(map(len, EXERCISES))
         for name, e in EXERCISES.items():
-            print(f"{name:11} minddp/{e.path}: {', '.join(e.todo)}  (against {e.against})")
+            print(f"{name:{width}} minddp/{e.path}: {', '.join(e.todo)}  (against {e.against})")
         return 0
     directory = pathlib.Path(args.directory)
     if directory.exists() and not directory.is_dir():

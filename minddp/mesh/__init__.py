@@ -12,6 +12,6 @@ Read in this order:
     plan.py         what a mesh asks of a model, checked before any group exists
     compose.py      every parallelism on one mesh, as torchtitan applies them
     clip.py         gradient clipping on a mesh: each part of the norm counted once
-The example: examples/gpt_nd.py. The docs page: docs/mesh.md. The exercise: minddp exercise
-mesh DIR.
+The example: examples/gpt_nd.py. The docs page: docs/mesh.md. The exercises: minddp exercise
+mesh|clip DIR.
 """

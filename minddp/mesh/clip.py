@@ -72,6 +72,9 @@ def clip_grad_norm_(module, max_norm, mesh):
         total = total ** 2
         dist.all_reduce(total, group=mesh["pp"].get_group())
         total = total ** 0.5
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
-    torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total)
+    # clip_grads_with_norm_ takes the parameters (it scales their .grad): given the
+    # gradients themselves, it would scale their .grad, None, and clip nothing. One gradient
+    # at a time (foreach=False): _foreach_mul_ refuses DTensor gradients and a plain scale.
+    params = [p for p in module.parameters() if p.grad is not None]
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=False)
     return total

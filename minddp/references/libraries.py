@@ -58,8 +58,11 @@ def stock_clip_grad_norm_(module, max_norm, mesh):
         total = total ** 2
         dist.all_reduce(total, group=mesh["pp"].get_group())
         total = total ** 0.5
-    torch.nn.utils.clip_grads_with_norm_([p.grad for p in module.parameters()
-                                          if p.grad is not None], max_norm, total)
+    # the parameters, as torchtitan passes them: clip_grads_with_norm_ scales their .grad;
+    # one at a time: _foreach_mul_ refuses DTensor gradients and a plain tensor's scale
+    torch.nn.utils.clip_grads_with_norm_([p for p in module.parameters()
+                                          if p.grad is not None], max_norm, total,
+                                         foreach=False)
     return total
 
 
