@@ -30,6 +30,7 @@ import context_reference as ref
 from helpers import share_spawn, shared_results
 from minddp.cp.blockwise import by_hand, fused
 from minddp.cp.ring_attention import ring_attention
+from minddp.references.stock_context import stock_ring
 
 CASES = [(False, False), (True, False), (True, True), (False, True)]  # (causal, zigzag)
 IDS = ["full", "causal", "causal-zigzag", "full-zigzag"]
@@ -72,20 +73,8 @@ def _reference(parts, rank, causal, zigzag, kernel):
 
 
 def _stock(parts, rank, causal, zigzag):
-    from torch.distributed.tensor.experimental._context_parallel import _attention as cp
-    aten = torch.ops.aten
     q, k, v, dout = (t[rank] for t in parts)
-    before, cp._cp_options.enable_load_balance = cp._cp_options.enable_load_balance, zigzag
-    try:  # (restored: stock's later callers in the shared spawn see its default)
-        out, lse = cp._templated_ring_attention(
-            dist.group.WORLD, 2, aten._scaled_dot_product_flash_attention_for_cpu.default,
-            q, k, v, is_causal=causal, dropout_p=0.0)
-        grads = cp._templated_ring_attention_backward(
-            dist.group.WORLD, 2, aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
-            dout, "grad_out", q, k, v, out, lse, causal, dropout_p=0.0)
-    finally:
-        cp._cp_options.enable_load_balance = before
-    return [out, *grads[:3]]
+    return stock_ring(q, k, v, dout, dist.group.WORLD, causal, zigzag)
 
 
 def _attention(rank, world_size):

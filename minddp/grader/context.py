@@ -21,17 +21,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 # Stock's references, imported before any process group exists (as sharded.py's).
-from torch.distributed.tensor.experimental._context_parallel import _attention as stock_cp
 from torch.distributed.tensor.experimental._context_parallel._load_balancer import (
     _HeadTailLoadBalancer)
 
 from ..cp.blockwise import fused
+from ..references.stock_context import stock_ring
 from .training import _everyone, _ranks, _result
 
 CASES = [(False, False), (True, False), (True, True), (False, True)]  # (causal, zigzag)
 # (batch, heads, tokens per rank, head_dim), dtype: the ring merges in float32 whatever
 SHAPES = [((2, 3, 8, 8), torch.float32), ((2, 2, 4, 8), torch.bfloat16)]
-aten = torch.ops.aten
 
 
 def _case(causal, zigzag):
@@ -187,18 +186,7 @@ def _parts(rank, world_size, seed, shape, dtype):
 
 def _stock(parts, rank, causal, zigzag):
     q, k, v, dout = (t[rank] for t in parts)
-    before = stock_cp._cp_options.enable_load_balance
-    stock_cp._cp_options.enable_load_balance = zigzag and causal
-    try:  # (restored: stock's later callers see its default)
-        out, lse = stock_cp._templated_ring_attention(
-            dist.group.WORLD, 2, aten._scaled_dot_product_flash_attention_for_cpu.default,
-            q, k, v, is_causal=causal, dropout_p=0.0)
-        grads = stock_cp._templated_ring_attention_backward(
-            dist.group.WORLD, 2, aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
-            dout, "grad_out", q, k, v, out, lse, causal, dropout_p=0.0)
-    finally:
-        stock_cp._cp_options.enable_load_balance = before
-    return [out.detach(), *(g.detach() for g in grads[:3])]
+    return stock_ring(q, k, v, dout, dist.group.WORLD, causal, zigzag and causal)
 
 
 def _yours(student, parts, rank, causal, zigzag):

@@ -58,6 +58,16 @@ class _StockRing(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
+def stock_ring(q, k, v, dout, group, is_causal, zigzag):
+    """Stock's ring, forward then backward, on plain tensors: [out, dq, dk, dv] (detached)."""
+    with _load_balance(zigzag):
+        out, lse = _cp._templated_ring_attention(group, 2, FORWARD, q, k, v,
+                                                 is_causal=is_causal, dropout_p=0.0)
+        grads = _cp._templated_ring_attention_backward(
+            group, 2, BACKWARD, dout, "grad_out", q, k, v, out, lse, is_causal, dropout_p=0.0)
+    return [out.detach(), *(g.detach() for g in grads[:3])]
+
+
 def _stock_ring_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                      scale=None, enable_gqa=False, *, group, zigzag):
     if attn_mask is not None or dropout_p or enable_gqa:
