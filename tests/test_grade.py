@@ -5,7 +5,8 @@
 On the shared 2-rank spawn, every exercise's checks run on the lesson file itself (every
 check passes), on the starting file `minddp exercise` writes (not written yet, named), and
 on at least three wrong solutions per exercise, each a small edit of the lesson: each must
-fail with its own diagnosis. Then `minddp grade` as a student runs it: the lesson passes
+fail with its own diagnosis; and on right solutions written from the TODOs alone, not as
+the lesson writes them (tests/corpus.py): each must pass. Then `minddp grade` as a student runs it: the lesson passes
 and exits 0; a planted mistake exits 1 with its diagnosis, also as JSON; an exception is
 reported at its line in the student's file; a collective that never completes, with the
 collective each rank was in; a file or a flag the grader cannot use is one line, exit 2.
@@ -20,7 +21,8 @@ import tempfile
 import pytest
 
 from helpers import REPO, run, share_spawn, shared_results
-from minddp.grader.exercises import EXERCISES, starting_file
+from corpus import RIGHT
+from minddp.grader.exercises import EXERCISES, solution, starting_file
 from minddp.grader.student import load
 # (imported here, before the spawned ranks start their group: the checks import
 # torch.distributed.optim, which imported after init_process_group keeps the group alive)
@@ -296,6 +298,8 @@ def _sources():
         for mistake, old, new, _ in PLANTED[name]:
             assert lesson.count(old) == 1, (name, mistake)  # the edit lands where meant
             sources[name, mistake] = lesson.replace(old, new)
+        for label, bodies in RIGHT.get(name, {}).items():  # (tests/corpus.py)
+            sources[name, f"right: {label}"] = solution(name, bodies)
     return sources
 
 
@@ -332,6 +336,15 @@ def test_a_starting_file_is_not_written_yet(name):
         results = graded[name, "the starting file"]
         assert not any(r["passed"] for r in results)
         assert any("NotImplementedError: TODO: " in r["diagnosis"] for r in results), results
+
+
+@pytest.mark.parametrize("name,label", [(n, label) for n, sols in RIGHT.items() for label in sols])
+def test_a_right_solution_written_from_the_todos_passes(name, label):
+    # Not the lesson's code, as a student would write it: stock's bits, or `correct`.
+    for rank, graded in enumerate(shared_results(_grade, 2)):
+        results = graded[name, f"right: {label}"]
+        failed = [r for r in results if not r["passed"]]
+        assert results and not failed, (rank, label, failed[:1])
 
 
 @pytest.mark.parametrize("name,mistake,said", [(n, m, said) for n, cases in PLANTED.items()

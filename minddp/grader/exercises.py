@@ -13,6 +13,7 @@ graded as it is, passes (tests/test_grade.py).
 
 import argparse
 import ast
+import functools
 import pathlib
 import sys
 import textwrap
@@ -218,11 +219,36 @@ def _functions(tree):
 
 def starting_file(name):
     """The exercise's starting file: its lesson with each TODO body taken out (text)."""
-    exercise = EXERCISES[name]
-    source = (ROOT / exercise.path).read_text()
+    def todo(qualname, what, indent):
+        lines = textwrap.wrap(f"TODO ({qualname}): {what}.", 92 - len(indent))
+        return [f"{indent}# {line}" for line in lines] + \
+            [f'{indent}raise NotImplementedError("TODO: {qualname}")']
+    return _header(name) + with_bodies(name, {q: functools.partial(todo, q, what)
+                                               for q, what in EXERCISES[name].todo.items()})
+
+
+def solution(name, bodies):
+    """A student's file: the starting file with each TODO written, bodies[qualname] (text,
+    as at the top level: indented here)."""
+    def written(body, indent):
+        return [indent + line if line.strip() else "" for line in
+                textwrap.dedent(body).strip("\n").splitlines()]
+    return _header(name) + with_bodies(name, {q: functools.partial(written, body)
+                                               for q, body in bodies.items()})
+
+
+def _header(name):
+    return (f"# minddp exercise {name!r}: write each TODO below, then `minddp grade"
+            f" {name}.py`.\n# The lesson it comes from: minddp/{EXERCISES[name].path}\n")
+
+
+def with_bodies(name, makers):
+    """The lesson's text with the body of each function in `makers` (qualname -> a function
+    of the indent giving the new lines) replaced; its docstring kept."""
+    source = (ROOT / EXERCISES[name].path).read_text()
     lines, functions = source.splitlines(), _functions(ast.parse(source))
     # From the bottom up, so that earlier line numbers stay right.
-    for qualname, what in sorted(exercise.todo.items(), key=lambda kv: -functions[kv[0]].lineno):
+    for qualname, make in sorted(makers.items(), key=lambda kv: -functions[kv[0]].lineno):
         node = functions[qualname]
         first = node.body[0]
         has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
@@ -233,14 +259,8 @@ def starting_file(name):
             start = first.lineno - 1
             while start - 1 >= node.lineno and lines[start - 1].strip().startswith("#"):
                 start -= 1
-        indent = " " * (node.col_offset + 4)
-        todo = textwrap.wrap(f"TODO ({qualname}): {what}.", 92 - len(indent))
-        body = [f"{indent}# {line}" for line in todo]
-        body.append(f'{indent}raise NotImplementedError("TODO: {qualname}")')
-        lines[start:node.end_lineno] = body
-    header = (f"# minddp exercise {name!r}: write each TODO below, then `minddp grade"
-              f" {name}.py`.\n# The lesson it comes from: minddp/{exercise.path}")
-    return header + "\n" + "\n".join(lines) + "\n"
+        lines[start:node.end_lineno] = make(" " * (node.col_offset + 4))
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):

@@ -1,0 +1,290 @@
+"""Right solutions written from the exercises' TODOs alone, not as the lessons write them:
+each must pass (stock's bits) or be graded `correct` (tests/test_grade.py).
+
+    pytest tests/test_grade.py -k right
+
+{exercise: {solution: {"Class.method" or "function": its body}}}: minddp.grader.exercises.
+solution() writes each into the exercise's starting file, as a student would.
+"""
+
+RIGHT = {
+    'experts': {
+        'experts A': {
+            '_AllToAll.backward': """\
+send, recv, group = ctx.how
+# the gradient rows are what arrived: recv[j] of them go back to rank j
+home = torch.empty(sum(send), *grad.shape[1:], dtype=grad.dtype, device=grad.device)
+dist.all_to_all_single(home, grad.contiguous(), output_split_sizes=send,
+                       input_split_sizes=recv, group=group)
+return home, None, None, None
+""",
+            'ExpertsOnRanks.forward': """\
+ep = dist.get_world_size(self.group)
+# (1) what each rank sends to each of my experts
+theirs = torch.empty_like(counts)
+dist.all_to_all_single(theirs, counts.contiguous(), group=self.group)
+mine_from = theirs.view(ep, self.per_rank)  # [source rank][my expert]
+send = [int(c) for c in counts.view(ep, self.per_rank).sum(1)]
+recv = [int(c) for c in mine_from.sum(1)]
+arrived = all_to_all(routed, send, recv, self.group)  # (2)
+# (3) per source its run, cut per expert; each expert's pieces in source order
+pieces = [run.split(mine_from[j].tolist()) for j, run in enumerate(arrived.split(recv))]
+outs = []
+for e, mlp in enumerate(self.mlps.values()):  # (4)
+    rows = torch.cat([pieces[j][e] for j in range(ep)])
+    outs.append(mlp(rows).split([len(pieces[j][e]) for j in range(ep)]))
+# (5) source-major again: for each source, its pieces expert by expert
+back = torch.cat([outs[e][j] for j in range(ep) for e in range(self.per_rank)])
+return all_to_all(back, recv, send, self.group)
+""",
+            'sync_gradients': """\
+world_size = dist.get_world_size()
+holders = mesh["dp"].get_group() if "dp" in mesh.mesh_dim_names else None
+local = set()
+for module in model.modules():
+    if isinstance(module, ExpertsOnRanks):
+        local.update(id(p) for p in module.parameters())
+for p in model.parameters():
+    if p.grad is None:
+        continue
+    if id(p) in local:
+        if holders is not None and dist.get_world_size(holders) > 1:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=holders)
+    else:
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+    p.grad.div_(world_size)
+""",
+        },
+        'experts B': {
+            '_AllToAll.backward': """\
+send, recv, group = ctx.how
+return all_to_all(grad, recv, send, group), None, None, None
+""",
+            'ExpertsOnRanks.forward': """\
+ep = self.num_experts // self.per_rank
+counts_in = torch.empty_like(counts)
+dist.all_to_all_single(counts_in, counts, group=self.group)
+table = counts_in.reshape(ep, self.per_rank)
+send = counts.reshape(ep, self.per_rank).sum(dim=1).tolist()
+recv = table.sum(dim=1).tolist()
+arrived = all_to_all(routed, send, recv, self.group)
+# each arrived row's place once regrouped: expert e's rows start after the experts
+# before it, then after the rows the sources before this one sent to e
+per_expert = table.sum(0)
+expert_start = torch.cumsum(per_expert, 0) - per_expert
+source_start = torch.cumsum(table, 0) - table  # [j][e]: rows to e from ranks < j
+place = torch.cat([expert_start[e] + source_start[j, e] + torch.arange(int(table[j, e]))
+                   for j in range(ep) for e in range(self.per_rank)]).long()
+grouped = torch.empty_like(arrived).index_copy(0, place, arrived)
+runs = grouped.split(per_expert.tolist())
+outputs = torch.cat([mlp(run) for mlp, run in zip(self.mlps.values(), runs)])
+return all_to_all(outputs[place], recv, send, self.group)
+""",
+            'sync_gradients': """\
+dp = mesh["dp"].get_group() if "dp" in mesh.mesh_dim_names else None
+world = mesh.size()
+for module in model.modules():
+    if isinstance(module, ExpertsOnRanks):
+        for p in module.parameters():
+            if p.grad is not None:
+                if dp is not None:
+                    dist.all_reduce(p.grad, group=dp)
+                p.grad.mul_(1.0 / world)
+experts = {p for m in model.modules() if isinstance(m, ExpertsOnRanks)
+           for p in m.parameters()}
+for p in model.parameters():
+    if p.grad is not None and p not in experts:
+        dist.all_reduce(p.grad)
+        p.grad.mul_(1.0 / world)
+""",
+        },
+    },
+    'clip': {
+        'clip A': {
+            '_whole': """\
+total = norm.pow(2)
+dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+return total.sqrt()
+""",
+            'weight_norms': """\
+tp_norms, other_norms, done = [], [], set()
+for layer in module.modules():
+    sliced = SLICES.get(layer)
+    for attr, p in layer.named_parameters(recurse=False):
+        if p.grad is None or id(p) in done:
+            continue
+        done.add(id(p))
+        is_dtensor = isinstance(p.grad, DTensor)
+        n = torch.linalg.vector_norm(p.grad.to_local() if is_dtensor else p.grad)
+        if is_dtensor and "dp" in mesh.mesh_dim_names:
+            n = _whole(n, mesh["dp"].get_group())
+        if sliced is not None and attr in sliced:
+            n = _whole(n, mesh["tp"].get_group())
+        (tp_norms if sliced is not None else other_norms).append(n)
+out = {}
+if tp_norms:
+    out["tp layers"] = tp_norms
+if other_norms:
+    out["others"] = other_norms
+return out
+""",
+            'clip_grad_norm_': """\
+squares = torch.zeros(())
+for norms in weight_norms(module, mesh).values():
+    squares = squares + torch.linalg.vector_norm(torch.stack(norms)) ** 2
+total = squares ** 0.5
+if "pp" in mesh.mesh_dim_names:
+    squared = total ** 2
+    dist.all_reduce(squared, group=mesh["pp"].get_group())
+    total = squared ** 0.5
+coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+for p in module.parameters():
+    if p.grad is not None:
+        p.grad.mul_(coef)
+return total
+""",
+        },
+        'clip B': {
+            '_whole': """\
+squared = norm * norm
+dist.all_reduce(squared, group=group)
+return squared ** 0.5
+""",
+            'weight_norms': """\
+dims = mesh.mesh_dim_names
+groups = {"tp layers": [], "others": []}
+seen = set()
+for layer in module.modules():
+    for attr, p in layer.named_parameters(recurse=False):
+        if p.grad is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        local = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
+        n = torch.linalg.vector_norm(local, 2.0)
+        if "dp" in dims and isinstance(p.grad, DTensor):
+            n = _whole(n, mesh["dp"].get_group())
+        if "tp" in dims and attr in SLICES.get(layer, {}):
+            n = _whole(n, mesh["tp"].get_group())
+        groups["tp layers" if layer in SLICES else "others"].append(n)
+return {k: v for k, v in groups.items() if v}
+""",
+            'clip_grad_norm_': """\
+per_group = [torch.linalg.vector_norm(torch.stack(v)) for v in weight_norms(module,
+                                                                            mesh).values()]
+total = torch.zeros(())
+for g in per_group:
+    total += g ** 2
+total = total ** 0.5
+if "pp" in mesh.mesh_dim_names:
+    total = total ** 2
+    dist.all_reduce(total, group=mesh["pp"].get_group())
+    total = total ** 0.5
+scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+for p in module.parameters():
+    if p.grad is not None:
+        p.grad.mul_(scale)
+return total
+""",
+        },
+    },
+    'ring_attention': {
+        'ring attention A': {
+            'chunk_ids': """\
+ids = [rank]
+if zigzag:
+    ids.append(2 * world_size - 1 - rank)
+return ids
+""",
+            'part_of_block': """\
+size = max(rank, source) + 1  # any ring this large gives the same answer
+n = len(chunk_ids(0, size, zigzag))
+chunk = length // n
+def positions(r):
+    return torch.cat([torch.arange(c * chunk, (c + 1) * chunk)
+                      for c in chunk_ids(r, size, zigzag)])
+mine, theirs = positions(rank), positions(source)
+if is_causal:
+    sees = theirs[None, :] <= mine[:, None]
+else:
+    sees = torch.ones(length, length, dtype=torch.bool)
+if not sees.any():
+    return None
+rows = sees.any(1).nonzero().flatten()
+rows = slice(int(rows[0]), int(rows[-1]) + 1)
+cols = sees[rows].any(0).nonzero().flatten()
+cols = slice(int(cols[0]), int(cols[-1]) + 1)
+return rows, cols, not bool(sees[rows, cols].all())
+""",
+            'ring_forward': """\
+rank, size = dist.get_rank(group), dist.get_world_size(group)
+attend = KERNELS[kernel][0]
+held = torch.cat([k.flatten(), v.flatten()])
+out = lse = None
+for step in range(size):
+    nxt = pass_on(held, group, KV) if step < size - 1 else None
+    part = part_of_block(rank, (rank - step) % size, is_causal, zigzag, q.shape[2])
+    if part is not None:
+        rows, cols, causal = part
+        key, value = _split(held, k)
+        o, l = attend(q[:, :, rows], key[:, :, cols], value[:, :, cols], causal, scale)
+        o, l = o.to(torch.float32), l.to(torch.float32)[..., None]
+        if out is None:
+            out, lse = o, l
+        else:
+            merged = merge(out[:, :, rows], lse[:, :, rows], o, l)
+            out[:, :, rows] = merged[0]
+            lse[:, :, rows] = merged[1]
+    if nxt is not None:
+        held = nxt.wait()
+return out.to(q.dtype), lse[..., 0].to(torch.promote_types(q.dtype, torch.float32))
+""",
+        },
+        'ring attention B': {
+            'chunk_ids': """\
+if not zigzag:
+    return [rank]
+return [rank, (2 * world_size - 1) - rank]
+""",
+            'part_of_block': """\
+half = length // 2
+everything = slice(0, length)
+if not is_causal:
+    return everything, everything, False
+if rank == source:
+    return everything, everything, True
+if zigzag:
+    if source > rank:  # its keys come before my second chunk only
+        return slice(half, length), everything, False
+    return everything, slice(0, half), False
+if source > rank:
+    return None
+return everything, everything, False
+""",
+            'ring_forward': """\
+rank, size = dist.get_rank(group), dist.get_world_size(group)
+attend = KERNELS[kernel][0]
+kv = torch.cat([k.flatten(), v.flatten()])
+out = lse = None
+step = 0
+while step < size:
+    incoming = pass_on(kv, group, KV) if step + 1 < size else None
+    part = part_of_block(rank, (rank - step) % size, is_causal, zigzag, q.shape[2])
+    if part is not None:
+        rows, cols, causal = part
+        key, value = _split(kv, k)
+        o, l = attend(q[:, :, rows], key[:, :, cols], value[:, :, cols], causal, scale)
+        o, l = o.float(), l.float().unsqueeze(-1)
+        if out is None:
+            out, lse = o, l
+        else:
+            a_out, a_lse = out[:, :, rows], lse[:, :, rows]
+            out[:, :, rows] = a_out - torch.sigmoid(l - a_lse) * (a_out - o)
+            lse[:, :, rows] = a_lse - torch.nn.functional.logsigmoid(a_lse - l)
+    if incoming is not None:
+        kv = incoming.wait()
+    step += 1
+return out.to(q.dtype), lse.squeeze(-1).to(torch.promote_types(q.dtype, torch.float32))
+""",
+        },
+    },
+}
