@@ -6,10 +6,11 @@ On the shared 2-rank spawn, every exercise's checks run on the lesson file itsel
 check passes), on the starting file `minddp exercise` writes (not written yet, named), and
 on at least three wrong solutions per exercise, each a small edit of the lesson: each must
 fail with its own diagnosis; and on right solutions written from the TODOs alone, not as
-the lesson writes them (tests/corpus.py): each must pass. Then `minddp grade` as a student runs it: the lesson passes
-and exits 0; a planted mistake exits 1 with its diagnosis, also as JSON; an exception is
-reported at its line in the student's file; a collective that never completes, with the
-collective each rank was in; a file or a flag the grader cannot use is one line, exit 2.
+the lesson writes them (tests/corpus.py): each must pass. Then `minddp grade` as a student
+runs it: the lesson passes and exits 0; a planted mistake exits 1 with its diagnosis, also
+as JSON; an exception is reported at its line in the student's file; a collective that
+never completes, with the collective each rank was in; a file or a flag the grader cannot
+use is one line, exit 2.
 """
 
 import json
@@ -109,6 +110,9 @@ PLANTED = {
          "rank 1's gradients differ from rank 0's"),
         ("the outputs not summed", "return sum_over_ranks(partial, group)", "return partial",
          "rank 1's gradients differ from rank 0's"),
+        ("a bias 2^-20 too large, placed as stock's", "partial = F.linear(x, module.weight, share)",
+         "partial = F.linear(x, module.weight, None if share is None else share * (1 + 2 ** -20))",
+         "tiny: "),  # a rounding apart, yet not the textbook's placement either: failed
     ],
     "pp": [
         ("a warm-up one short", "warmup = min(n, num_stages - stage_index)",
@@ -522,7 +526,8 @@ def test_right_averages_that_are_not_stocks_bits_are_correct_and_a_wrong_one_fai
 # FSDP's reduce_scatter written other right ways (and one wrong): at 3 ranks each rounds
 # apart from stock's one flat reduce_scatter(AVG). Unit.reduce_scatter is the lesson's last
 # function: its body, from the line below on, is replaced.
-FSDP_BODY = "        # Laid out as the all_gather's: row r of `flat` holds every parameter's block r.\n"
+FSDP_BODY = ("        # Laid out as the all_gather's: row r of `flat` holds every parameter's"
+             " block r.\n")
 FSDP_WAYS = {  # name: (the body, the outcome, what the diagnosis must say)
     "all_reduce, divide, our rows": ("""\
         out = []
