@@ -287,4 +287,220 @@ return out.to(q.dtype), lse.squeeze(-1).to(torch.promote_types(q.dtype, torch.fl
 """,
         },
     },
+    'naive': {
+        'naive A': {
+            'NaiveDDP._average_gradient': """\
+if not self._sync_this_backward:
+    return
+if not self._arrived:
+    at_end_of_backward(self._end_of_backward)
+self._arrived.add(id(param))
+param.grad.div_(self.world_size)
+chosen.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.process_group)
+""",
+        },
+        'naive B': {
+            'NaiveDDP._average_gradient': """\
+sync = self._sync_this_backward
+if sync:
+    first = len(self._arrived) == 0
+    self._arrived.add(id(param))
+    if first:  # one check per backward, queued with the first gradient
+        at_end_of_backward(self._end_of_backward)
+    grad = param.grad
+    torch.div(grad, self.world_size, out=grad)
+    if self.world_size > 1:
+        chosen.all_reduce(grad, group=self.process_group)
+""",
+        },
+    },
+    'bucketed': {
+        'bucketed A': {
+            'BucketedDDP._mark_ready': """\
+self._ready.add(index)
+bucket, view = self._where[index]
+self._copy_into_bucket(index, view)
+bucket.pending -= 1
+while self._next_bucket < len(self.buckets):
+    nxt = self.buckets[self._next_bucket]
+    if nxt.pending > 0:
+        break
+    nxt.work = self._reduce_bucket(nxt, self._next_bucket)
+    self._next_bucket += 1
+""",
+            'BucketedDDP._copy_into_bucket': """\
+torch.div(self._params[index].grad, self.world_size, out=view)
+""",
+            'BucketedDDP._end_of_backward': """\
+missing = [name for i, name in enumerate(self._names) if i not in self._ready]
+if missing:
+    self._reset()
+    raise missing_gradients_error(missing)
+for position, bucket in enumerate(self.buckets):
+    flat = self._wait_for_bucket(bucket, position)
+    self._copy_out_of_bucket(bucket, flat)
+self._reset()
+""",
+        },
+        'bucketed B': {
+            'BucketedDDP._mark_ready': """\
+bucket, view = self._where[index]
+self._copy_into_bucket(index, view)
+self._ready.add(index)
+bucket.pending = bucket.pending - 1
+for position in range(self._next_bucket, len(self.buckets)):
+    b = self.buckets[position]
+    if b.pending:
+        return
+    b.work = self._reduce_bucket(b, position)
+    self._next_bucket = position + 1
+""",
+            'BucketedDDP._copy_into_bucket': """\
+grad = self._params[index].grad
+view.copy_(grad.view_as(view) / self.world_size)
+""",
+            'BucketedDDP._end_of_backward': """\
+launched = self.buckets[:self._next_bucket]
+flats = [self._wait_for_bucket(b, pos) for pos, b in enumerate(launched)]
+missing = [self._names[i] for i in range(len(self._params)) if i not in self._ready]
+complete = not missing and len(launched) == len(self.buckets)
+if complete:
+    for b, flat in zip(launched, flats):
+        self._copy_out_of_bucket(b, flat)
+self._reset()
+if missing:
+    raise missing_gradients_error(missing)
+""",
+        },
+    },
+    'sampler': {
+        'sampler A': {
+            'ShardSampler.__iter__': """\
+n = len(self.dataset)
+if self.shuffle:
+    g = torch.Generator()
+    g.manual_seed(self.seed + self.epoch)
+    indices = torch.randperm(n, generator=g).tolist()
+else:
+    indices = list(range(n))
+if self.drop_last:
+    indices = indices[:self.total_size]
+else:
+    while len(indices) < self.total_size:
+        indices += indices[:self.total_size - len(indices)]
+return iter(indices[self.rank:self.total_size:self.num_replicas])
+""",
+        },
+        'sampler B': {
+            'ShardSampler.__iter__': """\
+import itertools
+n = len(self.dataset)
+order = range(n)
+if self.shuffle:
+    gen = torch.Generator().manual_seed(self.seed + self.epoch)
+    order = torch.randperm(n, generator=gen).tolist()
+padded = list(itertools.islice(itertools.cycle(order), self.total_size)) if n else []
+for position in range(self.rank, len(padded), self.num_replicas):
+    yield padded[position]
+""",
+        },
+    },
+    'broadcast': {
+        'broadcast A': {
+            'broadcast_parameters': """\
+if dist.get_world_size(group) == 1:
+    return
+root = global_rank(group, src)
+tensors = list(module.parameters())
+if buffers:
+    tensors += list(module.buffers())
+for t in tensors:
+    dist.broadcast(t, src=root, group=group)
+""",
+        },
+        'broadcast B': {
+            'broadcast_parameters': """\
+if dist.get_world_size(group) == 1:
+    return
+root = global_rank(group, src)
+tensors = [p for _, p in module.named_parameters()]
+if buffers:
+    tensors.extend(b for _, b in module.named_buffers())
+# one broadcast per (dtype, device): the tensors flattened back to back
+kinds = {}
+for t in tensors:
+    kinds.setdefault((t.dtype, t.device), []).append(t)
+for same in kinds.values():
+    flat = torch.cat([t.reshape(-1) for t in same])
+    dist.broadcast(flat, src=root, group=group)
+    offset = 0
+    for t in same:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+""",
+        },
+    },
+    'zero': {
+        'zero A': {
+            'ShardedOptimizer._shards': """\
+per_rank = [[] for _ in range(self.world_size)]
+sizes = [0] * self.world_size
+for group in self.param_groups:
+    mine = [[] for _ in range(self.world_size)]
+    for p in sorted(group["params"], key=lambda t: t.numel(), reverse=True):
+        rank = sizes.index(min(sizes))
+        mine[rank].append(p)
+        sizes[rank] += p.numel()
+    for rank, params in enumerate(mine):
+        shard = dict(group)
+        shard["params"] = params
+        per_rank[rank].append(shard)
+return per_rank
+""",
+            'ShardedOptimizer.step': """\
+loss = self.optim.step(closure)
+if self.world_size > 1:
+    for rank, groups in enumerate(self.partition):
+        owner = global_rank(self.process_group, rank)
+        for group in groups:
+            for p in group["params"]:
+                dist.broadcast(p, src=owner, group=self.process_group)
+return loss
+""",
+        },
+        'zero B': {
+            'ShardedOptimizer._shards': """\
+import copy
+held = {r: 0 for r in range(self.world_size)}
+result = [[] for _ in range(self.world_size)]
+for group in self.param_groups:
+    params = list(group["params"])
+    order = sorted(range(len(params)), key=lambda i: (-params[i].numel(), i))
+    split = {r: [] for r in held}
+    for i in order:
+        rank = min(held, key=lambda r: (held[r], r))
+        split[rank].append(params[i])
+        held[rank] += params[i].numel()
+    for r in range(self.world_size):
+        g = copy.copy(group)
+        g["params"] = split[r]
+        result[r].append(g)
+return result
+""",
+            'ShardedOptimizer.step': """\
+if closure is None:
+    loss = self.optim.step()
+else:
+    loss = self.optim.step(closure=closure)
+owner_of = {p: r for r, groups in enumerate(self.partition)
+            for g in groups for p in g["params"]}
+for group in self.param_groups:
+    for p in group["params"]:
+        if self.world_size > 1:
+            src = global_rank(self.process_group, owner_of[p])
+            dist.broadcast(p.data, src=src, group=self.process_group)
+return loss
+""",
+        },
+    },
 }
