@@ -503,4 +503,191 @@ return loss
 """,
         },
     },
+    'fsdp': {
+        'fsdp A': {
+            'Unit.unshard': """\
+if self.is_unsharded:
+    return
+if self.params:
+    send = []
+    for p in self.params:
+        local = p.shard.to_local().reshape(-1)
+        send.append(F.pad(local, (0, p.block_numel - local.numel())))
+    send = torch.cat(send)
+    gathered = torch.empty(self.world_size * send.numel(), dtype=send.dtype,
+                           device=send.device)
+    dist.all_gather_into_tensor(gathered, send, group=self.group)
+    per_rank = gathered.view(self.world_size, send.numel())
+    offset = 0
+    for p in self.params:
+        blocks = per_rank[:, offset:offset + p.block_numel]
+        whole = blocks.reshape(self.world_size * p.rows, *p.full.shape[1:])
+        p.full.untyped_storage().resize_(p.full.numel() * p.full.element_size())
+        p.full.data.copy_(whole[:p.full.shape[0]])  # .data: autograd saved p.full
+        p.show(p.full)
+        offset += p.block_numel
+self.is_unsharded = True
+""",
+            'Unit.reduce_scatter': """\
+rows_of_rank = []
+for r in range(self.world_size):
+    for p, g in zip(params, grads):
+        piece = g[r * p.rows:(r + 1) * p.rows].reshape(-1)
+        rows_of_rank.append(F.pad(piece, (0, p.block_numel - piece.numel())))
+flat = torch.cat(rows_of_rank)
+mine = torch.empty(flat.numel() // self.world_size, dtype=flat.dtype, device=flat.device)
+dist.reduce_scatter_tensor(mine, flat, op=dist.ReduceOp.AVG, group=self.group)
+out, offset = [], 0
+for p in params:
+    block = mine[offset:offset + p.block_numel].view(p.rows, *p.full.shape[1:])
+    start = min(self.rank * p.rows, p.full.shape[0])
+    end = min(start + p.rows, p.full.shape[0])
+    out.append(self.as_dtensor(block[:end - start], p.full))
+    offset += p.block_numel
+return out
+""",
+        },
+        'fsdp B': {
+            'Unit.unshard': """\
+if not self.is_unsharded:
+    per_rank = sum(p.block_numel for p in self.params)
+    if per_rank:
+        first = self.params[0].full
+        flat = torch.zeros(self.world_size, per_rank, dtype=first.dtype, device=first.device)
+        mine = flat[self.rank]
+        start = 0
+        for p in self.params:
+            local = p.shard.to_local()
+            mine[start:start + local.numel()].copy_(local.reshape(-1))
+            start += p.block_numel
+        parts = list(flat.unbind(0))
+        dist.all_gather(parts, mine.clone(), group=self.group)
+        start = 0
+        for p in self.params:
+            n0 = p.full.shape[0]
+            p.full.untyped_storage().resize_(p.full.nbytes)
+            for r in range(self.world_size):
+                lo, hi = min(r * p.rows, n0), min((r + 1) * p.rows, n0)
+                if hi > lo:
+                    got = parts[r][start:start + (hi - lo) * (p.block_numel // p.rows)]
+                    with torch.autograd._unsafe_preserve_version_counter(p.full):
+                        p.full[lo:hi].copy_(got.view(hi - lo, *p.full.shape[1:]))
+            p.show(p.full)
+            start += p.block_numel
+    self.is_unsharded = True
+""",
+            'Unit.reduce_scatter': """\
+ws = self.world_size
+per_rank = sum(p.block_numel for p in params)
+flat = torch.zeros(ws, per_rank, dtype=grads[0].dtype, device=grads[0].device)
+at = 0
+for p, g in zip(params, grads):
+    row_numel = p.block_numel // p.rows
+    for r in range(ws):
+        lo, hi = min(r * p.rows, g.shape[0]), min((r + 1) * p.rows, g.shape[0])
+        flat[r, at:at + (hi - lo) * row_numel] = g[lo:hi].reshape(-1)
+    at += p.block_numel
+result = torch.empty(per_rank, dtype=flat.dtype, device=flat.device)
+dist.reduce_scatter_tensor(result, flat.reshape(-1), op=dist.ReduceOp.AVG, group=self.group)
+blocks, at = [], 0
+for p in params:
+    n0 = p.full.shape[0]
+    lo, hi = min(self.rank * p.rows, n0), min((self.rank + 1) * p.rows, n0)
+    row_numel = p.block_numel // p.rows
+    block = result[at:at + (hi - lo) * row_numel].view(hi - lo, *p.full.shape[1:])
+    blocks.append(self.as_dtensor(block, p.full))
+    at += p.block_numel
+return blocks
+""",
+        },
+    },
+    'pp': {
+        'pp A': {
+            'one_f_one_b': """\
+warmup = min(n, num_stages - stage_index)
+actions = [("F", i) for i in range(warmup)]
+for i in range(n - warmup):
+    actions += [("B", i), ("F", warmup + i)]
+actions += [("B", i) for i in range(n - warmup, n)]
+return actions
+""",
+        },
+        'pp B': {
+            'one_f_one_b': """\
+order = []
+forwards = backwards = 0
+while forwards < min(n, num_stages - stage_index):
+    order.append(("F", forwards))
+    forwards += 1
+while backwards < n:
+    order.append(("B", backwards))
+    backwards += 1
+    if forwards < n:
+        order.append(("F", forwards))
+        forwards += 1
+return order
+""",
+        },
+    },
+    'ring': {
+        'ring A': {
+            'ring_reduce_scatter': """\
+rank, size = rank_and_size(group)
+for step in range(size - 1):
+    send = (rank + step + 1) % size
+    recv = (rank + step + 2) % size
+    arrived = torch.empty_like(blocks[recv])
+    exchange(group, sends=[(blocks[send], (rank - 1) % size)],
+             receives=[(arrived, (rank + 1) % size)])
+    combine(op, blocks[recv], arrived)
+""",
+        },
+        'ring B': {
+            'ring_reduce_scatter': """\
+me, world = rank_and_size(group)
+before, after = (me - 1 + world) % world, (me + 1) % world
+outgoing = after  # my own block rank + 1 goes first
+steps = 0
+while steps < world - 1:
+    incoming = (outgoing + 1) % world
+    buffer = blocks[incoming].new_empty(blocks[incoming].shape)
+    exchange(group, [(blocks[outgoing], before)], [(buffer, after)])
+    combine(op, blocks[incoming], buffer)  # mine <- op(mine, arrived)
+    outgoing = incoming  # next: the partial sum just made
+    steps += 1
+""",
+        },
+    },
+    'mesh': {
+        'mesh A': {
+            'grid_groups': """\
+grid = torch.arange(math.prod(shape)).reshape(tuple(shape))
+lines = grid.movedim(dim, -1).reshape(-1, shape[dim])
+return lines.tolist()
+""",
+            'grid_coordinate': """\
+coordinate = []
+for size in reversed(tuple(shape)):
+    rank, index = divmod(rank, size)
+    coordinate.append(index)
+return coordinate[::-1]
+""",
+        },
+        'mesh B': {
+            'grid_groups': """\
+shape = list(shape)
+strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+others = [range(n) if d != dim else range(1) for d, n in enumerate(shape)]
+groups = []
+for corner in itertools.product(*others):
+    base = sum(c * s for c, s in zip(corner, strides))
+    groups.append([base + i * strides[dim] for i in range(shape[dim])])
+return groups
+""",
+            'grid_coordinate': """\
+grid = torch.arange(math.prod(shape)).reshape(tuple(shape))
+return [int(i) for i in (grid == rank).nonzero()[0]]
+""",
+        },
+    },
 }
