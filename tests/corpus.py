@@ -690,4 +690,134 @@ return [int(i) for i in (grid == rank).nonzero()[0]]
 """,
         },
     },
+    'recompute': {
+        'recompute A': {
+            'checkpoint': """\
+tensors = [a for a in tree_leaves((args, kwargs)) if torch.is_tensor(a)]
+versions = [t._version for t in tensors]
+devices = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
+kinds = sorted({"cpu"} | {t.device.type for t in tensors})
+autocast = {k: (torch.is_autocast_enabled(k), torch.get_autocast_dtype(k)) for k in kinds}
+cache = torch.is_autocast_cache_enabled()
+cpu_state = torch.get_rng_state() if preserve_rng_state else None
+cuda_states = [torch.cuda.get_rng_state(d) for d in devices] if preserve_rng_state else []
+kept = []
+count = [0]
+answers = {}
+
+def pack(t):
+    count[0] += 1
+    return count[0] - 1
+
+def rerun():
+    if [t._version for t in tensors] != versions:
+        raise RuntimeError("checkpoint: an argument was changed in place after the forward;"
+                           " its recomputation would differ")
+    got = []
+
+    def pack_again(t):
+        got.append(t.detach())
+        if len(got) == count[0]:
+            raise _Stop
+        return None
+
+    cut_args, cut_kwargs = tree_map(_cut, args), tree_map(_cut, kwargs)
+    with torch.random.fork_rng(devices=devices, enabled=preserve_rng_state):
+        if preserve_rng_state:
+            torch.set_rng_state(cpu_state)
+            for d, s in zip(devices, cuda_states):
+                torch.cuda.set_rng_state(s, d)
+        with contextlib.ExitStack() as stack:
+            for k, (on, dtype) in autocast.items():
+                stack.enter_context(torch.autocast(k, enabled=on, dtype=dtype,
+                                                   cache_enabled=cache))
+            stack.enter_context(torch.enable_grad())
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack_again,
+                                                                          lambda x: x))
+            if save_ops:
+                stack.enter_context(Reuse(kept, save_ops))
+            try:
+                function(*cut_args, **cut_kwargs)
+            except _Stop:
+                pass
+    answers.update(enumerate(got))
+
+def unpack(n):
+    if n not in answers:
+        rerun()
+    return answers.pop(n)
+
+with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+    with (Keep(kept, save_ops) if save_ops else contextlib.nullcontext()):
+        return function(*args, **kwargs)
+""",
+        },
+        'recompute B': {
+            'checkpoint': """\
+flat_inputs = [x for x in tree_leaves((args, kwargs)) if torch.is_tensor(x)]
+before = [x._version for x in flat_inputs]
+gpus = sorted({x.get_device() for x in flat_inputs if x.is_cuda})
+rng = None
+if preserve_rng_state:
+    rng = (torch.get_rng_state(), [torch.cuda.get_rng_state(g) for g in gpus])
+amp = [(dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
+       for dev in {"cpu", *(x.device.type for x in flat_inputs)}]
+amp_cache = torch.is_autocast_cache_enabled()
+kept = []
+state = {"n": 0, "slots": []}
+
+def pack(tensor):
+    number = state["n"]
+    state["n"] = number + 1
+    return number
+
+def run_again():
+    for x, v in zip(flat_inputs, before):
+        if x._version != v:
+            raise RuntimeError("an argument of checkpoint() was modified in place since its"
+                               " forward: the recomputed tensors would not match")
+    slots = []
+
+    def collect(tensor):
+        slots.append(tensor.detach())
+        if len(slots) >= state["n"]:
+            raise _Stop()
+
+    with torch.random.fork_rng(devices=gpus, enabled=rng is not None):
+        if rng is not None:
+            torch.set_rng_state(rng[0])
+            for g, s in zip(gpus, rng[1]):
+                torch.cuda.set_rng_state(s, g)
+        stack = contextlib.ExitStack()
+        with stack:
+            for dev, enabled, dtype in amp:
+                stack.enter_context(torch.autocast(dev, dtype=dtype, enabled=enabled,
+                                                   cache_enabled=amp_cache))
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(collect, lambda t: t))
+            if save_ops:
+                stack.enter_context(Reuse(kept, save_ops))
+            try:
+                with torch.enable_grad():
+                    function(*[_cut(a) for a in args],
+                             **{k: _cut(v) for k, v in kwargs.items()})
+            except _Stop:
+                pass
+    state["slots"] = slots
+
+def unpack(number):
+    slots = state["slots"]
+    if number >= len(slots) or slots[number] is None:
+        run_again()
+        slots = state["slots"]
+    tensor, slots[number] = slots[number], None
+    return tensor
+
+hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+mode = Keep(kept, save_ops) if save_ops else contextlib.nullcontext()
+with hooks, mode:
+    out = function(*args, **kwargs)
+return out
+""",
+        },
+    },
 }
