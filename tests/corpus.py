@@ -820,4 +820,78 @@ return out
 """,
         },
     },
+    'interleaved': {
+        'interleaved A': {
+            'interleaved_1f1b': """\
+per_round = rounds(pp, n)
+total = n * n_local
+per_hop = 1 if zero_bubble else 2
+warmup = min((n_local - 1) * per_round + per_hop * (pp - 1 - rank), total)
+forwards, backwards = {}, {}
+
+def forward(op):
+    stage = ((op // per_round) % n_local) * pp + rank
+    i = forwards.get(stage, 0)
+    forwards[stage] = i + 1
+    return _action(stage, "F", i)
+
+actions = [forward(op) for op in range(warmup)]
+waiting = []  # (stage, microbatch) of each I whose W is still to come
+for op in range(warmup, warmup + total):
+    if op < total:
+        actions.append(forward(op))
+    stage = (n_local - 1 - ((op - warmup) // per_round) % n_local) * pp + rank
+    i = backwards.get(stage, 0)
+    backwards[stage] = i + 1
+    if not zero_bubble:
+        actions.append(_action(stage, "B", i))
+        continue
+    actions.append(_action(stage, "I", i))
+    waiting.append((stage, i))
+    if op - warmup >= rank:
+        oldest_stage, oldest_i = waiting.pop(0)
+        actions.append(_action(oldest_stage, "W", oldest_i))
+actions += [_action(s, "W", i) for s, i in waiting]
+return actions
+""",
+        },
+        'interleaved B': {
+            'interleaved_1f1b': """\
+import collections
+import itertools
+per_round = rounds(pp, n)
+total = n * n_local
+warmup = min((n_local - 1) * per_round + (1 if zero_bubble else 2) * (pp - 1 - rank), total)
+f_stages = [rank + pp * ((op // per_round) % n_local) for op in range(total)]
+b_stages = [rank + pp * (n_local - 1 - (k // per_round) % n_local) for k in range(total)]
+seen_f, seen_b = collections.Counter(), collections.Counter()
+
+def numbered(stage, kind, seen):
+    seen[stage] += 1
+    return stage, kind, seen[stage] - 1
+
+head = [numbered(s, "F", seen_f) for s in f_stages[:warmup]]
+steady = []
+for k, f in itertools.zip_longest(range(total), f_stages[warmup:]):
+    if f is not None:
+        steady.append(numbered(f, "F", seen_f))
+    steady.append(numbered(b_stages[k], "I" if zero_bubble else "B", seen_b))
+    if zero_bubble and k >= rank:
+        steady.append("W")  # the oldest I's W, filled in below
+head += steady
+# fill each W placeholder with the oldest I still without its W
+out, open_i = [], collections.deque()
+for a in head:
+    if a == "W":
+        s, _, i = open_i.popleft()
+        out.append(_action(s, "W", i))
+    else:
+        if a[1] == "I":
+            open_i.append(a)
+        out.append(_action(*a))
+out += [_action(s, "W", i) for s, _, i in open_i]
+return out
+""",
+        },
+    },
 }
