@@ -894,4 +894,58 @@ return out
 """,
         },
     },
+    'zero_bubble': {
+        'zero_bubble A': {
+            'add_bubbles': """\
+out = [[] for _ in lists]
+at = [0] * len(lists)
+done = set()  # (stage, kind, i) placed in an earlier slot
+while any(at[r] < len(lists[r]) for r in range(len(lists))):
+    placed = set()
+    for r, actions in enumerate(lists):
+        if at[r] >= len(actions):
+            continue
+        action = actions[at[r]]
+        if action is None:
+            out[r].append(None)
+            at[r] += 1
+            continue
+        stage, kind, i = parse_action(action)
+        if kind == "F" and stage > 0 and (stage - 1, "F", i) not in done:
+            out[r].append(None)  # its input is not there yet: wait
+            continue
+        out[r].append(action)
+        placed.add((stage, kind, i))
+        at[r] += 1
+    done |= placed
+return out
+""",
+        },
+        'zero_bubble B': {
+            'add_bubbles': """\
+queues = [list(reversed(actions)) for actions in lists]  # pop() gives the next action
+result = [[] for _ in queues]
+seen = set()
+while True:
+    busy = [r for r, q in enumerate(queues) if q]
+    if not busy:
+        break
+    this_slot = []
+    for r in busy:
+        nxt = queues[r][-1]
+        waits = False
+        if nxt is not None:
+            s, kind, i = parse_action(nxt)
+            waits = kind == "F" and s > 0 and f"{s - 1}F{i}" not in seen
+        if waits:
+            result[r].append(None)
+        else:
+            result[r].append(queues[r].pop())
+            if nxt is not None:
+                this_slot.append(nxt)
+    seen.update(this_slot)
+return result
+""",
+        },
+    },
 }
