@@ -948,4 +948,45 @@ return result
 """,
         },
     },
+    'tp': {
+        'tp A': {
+            'ColwiseParallel._whole': """\
+if self.sequence_dim is not None:  # each rank holds a slice of the sequence: gather it
+    return gather_sequence(x, self.sequence_dim, group)
+if region is not None and region.gave(name, x):
+    return x  # gathered already: the gather's backward sums the gradient
+return copy_to_ranks(x, group)
+""",
+            'RowwiseParallel._forward': """\
+bias = module.bias
+if bias is not None:
+    bias = ShareOfBias.apply(bias, dist.get_world_size(group))
+partial = F.linear(x, module.weight, bias)
+if self.sequence_dim is None:
+    return sum_over_ranks(partial, group)
+return scatter_sequence(partial, self.sequence_dim, group)
+""",
+        },
+        'tp B': {
+            'ColwiseParallel._whole': """\
+gathered = region is not None and region.gave(name, x)
+if self.sequence_dim is None and gathered:
+    whole = x
+elif self.sequence_dim is None:
+    whole = copy_to_ranks(x, group=group)
+else:
+    whole = gather_sequence(x, dim=self.sequence_dim, group=group)
+return whole
+""",
+            'RowwiseParallel._forward': """\
+ws = dist.get_world_size(group)
+out = x @ module.weight.t()
+if module.bias is not None:
+    out = out + ShareOfBias.apply(module.bias, ws)
+if self.sequence_dim is None:
+    return sum_over_ranks(out, group=group)
+return scatter_sequence(out, dim=self.sequence_dim, group=group)
+""",
+        },
+    },
 }
