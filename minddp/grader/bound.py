@@ -106,6 +106,9 @@ def judge(yours, locals_, ways, world_size, notes=NOTES):
                             f" gradient, not a different order")
             matched &= {w for w in notes if np.array_equal(mine[0][name], ways[step][0][w][name])}
     way = next(iter(sorted(matched)), None)
-    what = notes[way] if way else "the same sum in another order than stock's"
+    what = notes[way] if way else ("another rounding than stock's: another order of the sum,"
+                                    " or the 1/W in another place (before or after the sum,"
+                                    " a divide or a multiply), in buffers that no one"
+                                    " all_reduce per parameter reproduces")
     return True, "", (f"correct, not stock's bits: within {units_seen:.2g} of the {world_size + 2}"
                       f" units any order allows, the same on every rank, at every step; {what}")

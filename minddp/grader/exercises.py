@@ -51,21 +51,24 @@ EXERCISES = {
         ("broadcast_parameters",), (2, 3), (2, 3, 4)),
     "naive": Exercise("ddp.naive", "torch.nn.parallel.DistributedDataParallel", {
         "NaiveDDP._average_gradient": "when a parameter's gradient is complete (and this"
-        " backward syncs), replace param.grad by its mean over the ranks, in place: divide by"
-        " the world size, then all_reduce (SUM); register the end-of-backward check on the"
+        " backward syncs), replace param.grad by its mean over the ranks, in place: scale by"
+        " 1.0 / world_size (multiply: stock's bits; dividing is right too and rounds apart"
+        " at 3 ranks), then all_reduce (SUM); register the end-of-backward check on the"
         " first gradient and note each parameter that arrived"},
         ("NaiveDDP",), (1, 2), (1, 2, 3, 4)),
     "bucketed": Exercise("ddp.bucketed", "torch.nn.parallel.DistributedDataParallel", {
         "BucketedDDP._mark_ready": "note the gradient ready, copy it into its bucket, and"
         " launch every bucket that is now complete, strictly in bucket order",
-        "BucketedDDP._copy_into_bucket": "copy the parameter's gradient, divided by the world"
-        " size, into its view of the bucket (one pass)",
+        "BucketedDDP._copy_into_bucket": "copy the parameter's gradient, scaled by 1.0 /"
+        " world_size, into its view of the bucket (one pass; multiply, as stock: dividing is"
+        " right too and rounds apart at 3 ranks)",
         "BucketedDDP._end_of_backward": "wait for every bucket's all_reduce, then copy each"
         " average back into its parameter's .grad; reset; raise for gradients that never came"},
         ("BucketedDDP",), (1, 2, 3), (1, 2, 3, 4)),
     "zero": Exercise("zero.optimizer", "torch.distributed.optim.ZeroRedundancyOptimizer", {
         "ShardedOptimizer._shards": "split each param group over the ranks, stock's way:"
-        " parameters largest first, each to the rank holding the fewest elements so far",
+        " parameters largest first, each to the rank holding the fewest elements so far (the"
+        " counts carried from one param group to the next, not restarted)",
         "ShardedOptimizer.step": "step the inner optimizer (this rank's shard), then broadcast"
         " every parameter from the rank that owns it"},
         ("ShardedOptimizer",), (1, 2, 3), (1, 2, 3, 4)),
@@ -129,7 +132,8 @@ EXERCISES = {
         " an op saves by its number; the first unpack of a backward runs the function again"
         " on the arguments cut from the graph (_cut), with the random state saved before the"
         " forward put back (unless preserve_rng_state=False) and the autocast state of the"
-        " forward, inside torch.random.fork_rng so that the RNG after is as before; it"
+        " forward, inside torch.random.fork_rng so that the RNG after is as before (only when"
+        " preserve_rng_state: without it, stock leaves the RNG where the run's draws left it); it"
         " collects the tensors that run saves, in order (raise _Stop after the last), and"
         " answers each number with its tensor, once. Refuse an argument changed in place"
         " since the forward (its _version). Selective (save_ops): the forward under"
