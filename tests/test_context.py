@@ -30,6 +30,7 @@ import context_reference as ref
 from helpers import share_spawn, shared_results
 from minddp.cp.blockwise import by_hand, fused
 from minddp.cp.ring_attention import ring_attention
+from minddp.grader.context import _parts  # each rank's q, k, v, dout, gathered
 from minddp.references.stock_context import stock_ring
 
 CASES = [(False, False), (True, False), (True, True), (False, True)]  # (causal, zigzag)
@@ -45,17 +46,6 @@ def _inputs(world_size, seed, length_per_rank=8, dtype=torch.float32):
 # (batch, heads, tokens per rank, head_dim), dtype: merged in float32 whatever the inputs
 SHAPES = [((2, 3, 8, 8), torch.float32), ((1, 2, 6, 16), torch.float32),
           ((2, 2, 4, 8), torch.bfloat16)]
-
-
-def _parts(rank, world_size, seed, shape, dtype=torch.float32):
-    """Each rank's own q, k, v and output gradient (its seed), gathered: [what][rank]."""
-    g = torch.Generator().manual_seed(seed + rank)
-    everyone = []
-    for mine in [torch.randn(shape, generator=g).to(dtype) for _ in range(4)]:
-        gathered = [torch.empty_like(mine) for _ in range(world_size)]
-        dist.all_gather(gathered, mine)
-        everyone.append(gathered)
-    return everyone
 
 
 def _ring(parts, rank, causal, zigzag, kernel):

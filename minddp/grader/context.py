@@ -173,7 +173,7 @@ def _part_why(part, got, truth, mine, theirs, causal, length):
             " whole (one kernel call per block, as stock's ring makes)")
 
 
-def _parts(rank, world_size, seed, shape, dtype):
+def _parts(rank, world_size, seed, shape, dtype=torch.float32):
     """Each rank's own q, k, v and output gradient (its seed), gathered: [what][rank]."""
     g = torch.Generator().manual_seed(seed + rank)
     everyone = []
