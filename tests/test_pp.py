@@ -6,10 +6,12 @@ One spawn per world size (2 and 4 stages) runs every case: the same layers, the 
 3 AdamW steps through stock's PipelineStage and Schedule{GPipe,1F1B}, through minddp's, and
 through one process accumulating the microbatches' gradients over the whole model. Per rank
 and step: the last stage's losses, every gradient of the stage and every updated weight
-`torch.equal` across the three; and the order of the stage's forwards and backwards, recorded
-from stock's stage while it ran, equal to minddp's. Each case is a test of its own.
+`torch.equal` across the three; the order of the stage's forwards and backwards, recorded
+from stock's stage while it ran, equal to minddp's; and minddp's messages, one per tensor.
+Each case is a test of its own.
 """
 
+import contextlib
 import copy
 import os
 import tempfile
@@ -25,6 +27,7 @@ from torch.distributed.pipelining import ScheduleGPipe as StockGPipe
 
 from helpers import differences_from_stock, share_spawn, shared_results, usage_errors
 from minddp import pp
+from minddp.pp.stage import MAX_DIMS
 
 WIDTH, BATCH = 16, 16
 SCHEDULES = {"gpipe": (pp.ScheduleGPipe, StockGPipe), "1f1b": (pp.Schedule1F1B, StockOneFOneB)}
@@ -70,19 +73,20 @@ def _case(rank, world_size, schedule, n, steps=3):
     optimizers = {who: torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=False)
                   for who, m in list(layers.items()) + [("one process", whole)]}
     mine = pp.stage_layers(whole, rank, world_size)  # this stage's layers in the whole model
-    verdicts = []
+    verdicts, sent = [], []  # sent: per step, the numel of each message minddp's rank sent
     for step in range(steps):
         x, y = batch(step)
         seen = {}
         for who, runner in runners.items():
             optimizers[who].zero_grad()
             losses = []
-            if rank == 0:
-                runner.step(x)
-            elif rank == world_size - 1:
-                runner.step(target=y, losses=losses)
-            else:
-                runner.step()
+            with _counting_isend(sent if who == "minddp" else None):
+                if rank == 0:
+                    runner.step(x)
+                elif rank == world_size - 1:
+                    runner.step(target=y, losses=losses)
+                else:
+                    runner.step()
             seen[who] = ([loss.item() for loss in losses],
                          [p.grad.clone() for p in layers[who].parameters()])
         optimizers["one process"].zero_grad()  # gradient accumulation, divided once (as stock)
@@ -101,7 +105,21 @@ def _case(rank, world_size, schedule, n, steps=3):
                    for who, m in (("stock", layers["stock"]), ("minddp", layers["minddp"]),
                                   ("one process", mine))}
         verdicts.append(differences_from_stock(seen, weights) or "equal")
-    return verdicts, stock_log, ours_stage.log
+    return verdicts, stock_log, ours_stage.log, sent
+
+
+@contextlib.contextmanager
+def _counting_isend(sent):
+    """Records the size of each isend made inside (the stage calls dist.isend)."""
+    real = dist.isend
+    if sent is not None:
+        sent.append([])
+        dist.isend = lambda tensor, *args, **kwargs: (sent[-1].append(tensor.numel()),
+                                                      real(tensor, *args, **kwargs))[1]
+    try:
+        yield
+    finally:
+        dist.isend = real
 
 
 CASES = {2: [("gpipe", 4), ("1f1b", 4), ("gpipe", 8), ("1f1b", 8)],
@@ -160,9 +178,15 @@ def _results(world_size):
                          f"{v}_stages")
 def test_pipeline_bitwise_equal_to_stock_and_to_one_process(world_size, case):
     for rank, out in enumerate(_results(world_size)):
-        verdicts, stock_log, ours_log = out["cases"][case]
+        verdicts, stock_log, ours_log, sent = out["cases"][case]
         assert verdicts == ["equal"] * 3, f"rank {rank}: {verdicts}"
         assert ours_log == stock_log, f"rank {rank}: the order of F and B differs from stock's"
+        # One message per tensor, and per step one header ahead of the first activation:
+        # n + 1 activations' messages to the next stage, n gradients to the one before.
+        n = case[1]
+        expected = ([MAX_DIMS + 1] if rank < world_size - 1 else []) + \
+            [BATCH // n * WIDTH] * (n * (rank < world_size - 1) + n * (rank > 0))
+        assert [sorted(step) for step in sent] == [sorted(expected)] * 3, (rank, sent)
 
 
 def test_gpipe_and_1f1b_differ_only_in_order():

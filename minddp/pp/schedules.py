@@ -72,10 +72,15 @@ class Schedule:
             targets = refused
         loss, outputs = {}, []
         actions = self.order()
+        for stage in stages:  # learned again from this step's first activation (stage.py)
+            stage.input_shape = None
         # a stage's last backward (or weight gradient) syncs its data-parallel ranks
         last = {s: max((j for j, (t, kind, _) in enumerate(actions) if t is s and kind != "F"),
                        default=None) for s in stages}
         for j, (stage, kind, i) in enumerate(actions):
+            # This action's receive, then the next one's, posted before this one computes.
+            for t, kind_ahead, i_ahead in actions[j:j + 2]:
+                t.post(kind_ahead, i_ahead)
             if kind == "F":
                 output = self.forward(stage, i, inputs[i])
                 if stage.is_last:

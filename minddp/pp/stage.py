@@ -71,6 +71,7 @@ class PipelineStage:
         self.device, self.dtype = device or first.device, first.dtype
         self.inputs, self.outputs = {}, {}  # per microbatch: kept from forward to backward
         self.sending, self.log = [], []  # sends in flight; the actions taken ("F0", "B0", ...)
+        self.posted, self.input_shape = {}, None  # receives posted ahead; this step's shape
 
     def place(self, rank_of_stage):
         """Where the neighbours sit: rank_of_stage(s) is the group rank holding stage s."""
@@ -83,49 +84,84 @@ class PipelineStage:
         """Microbatch i through this stage: its input from the stage before (or x, on the
         first), its output to the stage after. Kept for backward: input and output."""
         if not self.is_first:
-            x = self.recv(self.prev, self.index - 1).requires_grad_()  # a leaf: .grad goes back
+            x = self.recv("F", i).requires_grad_()  # a leaf: .grad goes back
         output = self.submod(x)
         self.inputs[i], self.outputs[i] = x, output
         if not self.is_last:
-            self.send(output.detach(), self.next, self.index)
+            self.send(output.detach(), self.next, self.index, header=i == 0)
         self.log.append(f"F{i}")
         return output
 
     def backward_one(self, i, loss=None):
         """Microbatch i's backward: from its loss (the last stage), or from the gradient of its
         output (received from the stage after); the gradient of its input goes back."""
+        grad = None if self.is_last else self.recv("B", i)  # shaped as the output kept
         x, output = self.inputs.pop(i), self.outputs.pop(i)  # freed after this backward
         if self.is_last:
             torch.autograd.backward([loss])
         else:
-            torch.autograd.backward([output], grad_tensors=[self.recv(self.next, self.index, 1)])
+            torch.autograd.backward([output], grad_tensors=[grad])
         if not self.is_first:
             self.send(x.grad, self.prev, self.index - 1, 1)
         self.log.append(f"B{i}")
 
-    def send(self, tensor, dst, link, backward=0):
-        # A receiver must allocate before it receives: the shape goes first, then the data.
-        # Both are sent without waiting (isend): the next stage may not be receiving yet.
+    def send(self, tensor, dst, link, backward=0, header=False):
         # The tag names the link (stage link to link + 1) and the direction: two ranks that
-        # share several links (virtual stages) keep each one's messages apart.
+        # share several links (virtual stages) keep each one's messages apart. Sent without
+        # waiting (isend): the next stage may not be receiving yet.
         tag = 2 * link + backward
         if dst == dist.get_rank():  # the neighbour stage is on this rank too (a V's turn)
             LOCAL.setdefault(tag, []).append(tensor)
             return
+        # A receiver must allocate before it receives. The step's first activation on a link
+        # sends its shape first (a header); the microbatches after it have the same shape,
+        # a gradient its activation's: one message each.
         shape = [tensor.dim(), *tensor.shape] + [0] * (MAX_DIMS - tensor.dim())
-        for t in (torch.tensor(shape, device=self.device), tensor.contiguous()):
+        for t in ([torch.tensor(shape, device=self.device)] if header else []) + [tensor]:
+            t = t.contiguous()
             self.sending.append((t, dist.isend(t, dst, group=self.group, tag=tag)))
 
-    def recv(self, src, link, backward=0):
+    def expects(self, kind, i):
+        """What action (kind, i) receives, if its shape is known before the message comes:
+        (source rank, tag, shape); None when it receives nothing from another rank, or
+        receives the step's first activation on its link (a header gives the shape)."""
+        if kind == "F" and not self.is_first and i > 0 and self.input_shape is not None:
+            src, tag, shape = self.prev, 2 * (self.index - 1), self.input_shape
+        elif kind in "BI" and not self.is_last and i in self.outputs:
+            src, tag, shape = self.next, 2 * self.index + 1, self.outputs[i].shape
+        else:
+            return None
+        return None if src == dist.get_rank() else (src, tag, shape)
+
+    def post(self, kind, i):
+        """Post action (kind, i)'s receive (irecv) before it runs, if its shape is known: the
+        message arrives while this rank computes (stock: batch_isend_irecv). Posted in the
+        order of the actions: two messages on one link never land in each other's buffers."""
+        expected = self.expects(kind, i)
+        if expected is not None and (kind, i) not in self.posted:
+            src, tag, shape = expected
+            tensor = torch.empty(shape, dtype=self.dtype, device=self.device)
+            self.posted[kind, i] = (tensor, dist.irecv(tensor, src, group=self.group, tag=tag))
+
+    def recv(self, kind, i):
+        """Action (kind, i)'s tensor: an activation ("F") from the stage before, or the
+        gradient of its output ("B", "I") from the stage after."""
+        src, tag = (self.prev, 2 * self.index - 2) if kind == "F" else \
+            (self.next, 2 * self.index + 1)
         if src == dist.get_rank():
-            return LOCAL[2 * link + backward].pop(0)
-        header = torch.empty(MAX_DIMS + 1, dtype=torch.long, device=self.device)
-        dist.recv(header, src, group=self.group, tag=2 * link + backward)
-        if header[0] == REFUSED:  # the first stage refused the batch: so does this one
-            self.refuse(*header[1:3].tolist())
-        tensor = torch.empty(header[1:1 + header[0]].tolist(), dtype=self.dtype,
-                             device=self.device)
-        dist.recv(tensor, src, group=self.group, tag=2 * link + backward)
+            return LOCAL[tag].pop(0)
+        if kind == "F" and i == 0:  # the step's first activation: its shape first, a header
+            header = torch.empty(MAX_DIMS + 1, dtype=torch.long, device=self.device)
+            dist.recv(header, src, group=self.group, tag=tag)
+            if header[0] == REFUSED:  # the first stage refused the batch: so does this one
+                self.refuse(*header[1:3].tolist())
+            self.input_shape = torch.Size(header[1:1 + header[0]].tolist())
+            tensor = torch.empty(self.input_shape, dtype=self.dtype, device=self.device)
+            dist.recv(tensor, src, group=self.group, tag=tag)
+            return tensor
+        self.post(kind, i)  # (mostly posted already, ahead of the action)
+        tensor, work = self.posted.pop((kind, i))
+        work.wait()
         return tensor
 
     def refuse(self, batch, n):

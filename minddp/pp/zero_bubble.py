@@ -80,7 +80,7 @@ def backward_input(stage, i, loss):
     """I: the input's gradient only, sent back at once; each layer's gradient kept for W."""
     x, output = stage.inputs[i], stage.outputs[i]
     outputs, grads = ([loss], [torch.ones_like(loss)]) if stage.is_last else \
-        ([output], [stage.recv(stage.next, stage.index, 1)])
+        ([output], [stage.recv("I", i)])
     kept = stage.kept.pop(i)
     flowing = [None] * len(kept)  # the gradient into each weighted layer's output
     if not stage.is_first:
