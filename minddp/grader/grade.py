@@ -27,6 +27,7 @@ import pathlib
 import sys
 
 from ..launch.usage_error import UsageError
+from ..run import warm
 from .exercises import EXERCISES
 from .ranks import run_world
 from .student import check_signatures, exercise_of, load
@@ -76,6 +77,7 @@ def grade(file, name, ranks, timeout):
         raise UsageError(f"--ranks {bad[0]}: exercise {name!r} is checked at"
                          f" {', '.join(map(str, EXERCISES[name].allowed))} ranks",
                          hint=f"--ranks {' '.join(map(str, EXERCISES[name].ranks))}")
+    warm.context(start=True)  # the ranks' server imports torch while this process loads the file
     try:
         student = load(file, EXERCISES[name].lesson)
     except Exception:  # it does not import: each rank reports where, below

@@ -12,15 +12,19 @@ process group, sets its own threads and device, and is torn down as before.
 """
 
 import multiprocessing
+from multiprocessing import forkserver
 
 PRELOAD = ["torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.tensor",
            "torch.distributed.pipelining", "torch.distributed.checkpoint",
            "torch.distributed.optim", "torch.nn.parallel", "minddp", "minddp.launch.start",
-           "minddp.launch.teardown"]
+           "minddp.launch.teardown", "minddp.grader.checks"]
 
 
-def context():
-    """multiprocessing's forkserver context, the server preloading torch and minddp."""
+def context(start=False):
+    """multiprocessing's forkserver context, the server preloading torch and minddp.
+    start=True starts the server now: its imports run beside what this process does next."""
     # Read when the server starts (the first rank started through it); a no-op after.
     multiprocessing.set_forkserver_preload(PRELOAD)
+    if start:
+        forkserver.ensure_running()
     return multiprocessing.get_context("forkserver")
