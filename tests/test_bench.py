@@ -27,10 +27,13 @@ def test_bench_reports_every_contender_as_a_ratio_to_stock():
     columns = [len(c) for c in lines[2].split()]  # tabulate's dashes give each column's width
     starts = [sum(columns[:i]) + 2 * i for i in range(len(columns))]
     rows = [[line[a:a + w].strip() for a, w in zip(starts, columns)] for line in lines[3:]]
-    by = {r[3]: dict(zip(["ms", "vs", "same", "mb", "calls", "memory"], r[4:])) for r in rows}
+    by = {r[3]: dict(zip(["ms", "vs", "round", "same", "mb", "calls", "memory"], r[4:]))
+          for r in rows}
     assert list(by) == ["no sync", "naive", "bucketed", "stock", "bucketed view", "stock view",
                         "bucketed fp16", "stock fp16"]
     assert by["stock"]["vs"] == "1.00x" and by["stock view"]["same"] == "1.00x"
+    assert by["stock"]["round"] == "1.00x (1.00-1.00)"  # each step over itself
+    assert all(re.fullmatch(r"[\d.]+x \([\d.]+-[\d.]+\)", r["round"]) for r in by.values())
     # 0.27M float32 parameters: 1.0 MB all-reduced per step, 0.5 MB with the fp16 hook.
     assert [by[c]["mb"] for c in ("naive", "bucketed", "stock", "bucketed view")] == ["1.0"] * 4
     assert by["bucketed fp16"]["mb"] == by["stock fp16"]["mb"] == "0.5"
@@ -132,6 +135,8 @@ def test_tp_bench_counts_what_the_formula_says():
 @pytest.mark.parametrize("command,message", [
     (["bench", "--world-sizes", "0"], "error: argument --world-sizes: must be at least 1, not 0"),
     (["fsdp-bench", "--rounds", "0"], "error: argument --rounds: must be at least 1, not 0"),
+    (["bench", "--picotron", "nowhere"],
+     "error: --picotron nowhere: no picotron/data_parallel/data_parallel.py there"),
     (["tp-bench", "--world-sizes", "3"],
      "error: argument --world-sizes: the benchmark's 8 attention heads do not split over 3")])
 def test_a_benchmark_flag_that_cannot_run_is_one_line_before_any_rank(command, message):

@@ -10,6 +10,12 @@ Each contender's figure is the median over its timed steps, reported as a ratio 
 DDP's median: below 1.00x is faster; "view" and "fp16" rows also as a ratio to stock with
 the same setting ("view": gradient_as_bucket_view=True; "fp16": a comm hook that sends
 float16, dropin/comm_hooks.py). "bucketed" is ManualDDP, BucketedDDP with stock's knobs.
+"per round" pairs each step with stock's step of the same round (the machine's pace then is
+the same for both): the median of those ratios, and the middle half of them (q1-q3), so a
+difference smaller than the noise shows as a range that holds 1.00x.
+
+    git clone https://github.com/huggingface/picotron /tmp/picotron
+    minddp bench --world-sizes 2 --picotron /tmp/picotron   # picotron's DataParallelBucket too
 """
 
 from . import bench_parser
@@ -22,7 +28,19 @@ def parse(argv=None):
     parser = bench_parser(__doc__, "minddp bench", [1, 2])
     parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS,
                         help="view: gradient_as_bucket_view=True; fp16: dropin's fp16_mean_hook")
-    return parser.parse_args(argv)
+    parser.add_argument("--picotron", metavar="PATH",
+                        help="a clone of huggingface/picotron: its DataParallelBucket runs as"
+                             " one more contender, \"picotron\" (nothing of it is copied here)")
+    args = parser.parse_args(argv)
+    if args.picotron:
+        import os
+        if not os.path.isfile(os.path.join(args.picotron, "picotron", "data_parallel",
+                                           "data_parallel.py")):
+            parser.exit(2, f"error: --picotron {args.picotron}: no picotron/data_parallel/"
+                           "data_parallel.py there\n---> HINT: git clone"
+                           " https://github.com/huggingface/picotron PATH, then --picotron PATH\n")
+        args.contenders = args.contenders + ["picotron"]
+    return args
 
 
 if __name__ == "__main__":
@@ -31,15 +49,18 @@ if __name__ == "__main__":
 
 import copy  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from ..dropin.comm_hooks import fp16_mean_hook  # noqa: E402
 from ..dropin.ddp import ManualDDP  # noqa: E402
 from ..ddp.naive import NaiveDDP  # noqa: E402
 from . import SIZES  # noqa: E402
-from .harness import collect_rows, mlp, print_table, time_steps, timed_rounds  # noqa: E402
+from .harness import (collect_rows, mlp, per_round, print_table, time_steps,  # noqa: E402
+                      timed_rounds)
 
 def wrap(contender, module, device):
     """The contender's model. "view": gradient_as_bucket_view=True; "fp16": fp16_mean_hook."""
@@ -47,6 +68,8 @@ def wrap(contender, module, device):
         return module  # each rank trains alone: the compute-only floor
     if contender == "naive":
         return NaiveDDP(module)
+    if contender == "picotron":
+        return picotron_bucket(module)
     view = contender.endswith(" view")
     if contender.startswith("bucketed"):
         model = ManualDDP(module, gradient_as_bucket_view=view)
@@ -56,6 +79,16 @@ def wrap(contender, module, device):
     if contender.endswith(" fp16"):
         model.register_comm_hook(None, fp16_mean_hook)
     return model
+
+
+def picotron_bucket(module):
+    """picotron's DataParallelBucket (a Python peer of ManualDDP), from the clone --picotron
+    names: one data-parallel group over every rank, its default 25 MB buckets."""
+    import picotron.process_group_manager as pgm
+    from picotron.data_parallel.data_parallel import DataParallelBucket
+    if getattr(pgm, "process_group_manager", None) is None:
+        pgm.setup_process_group_manager(1, 1, 1, dist.get_world_size())  # tp, cp, pp, dp
+    return DataParallelBucket(module)
 
 
 def grad_memory_mb(contender, model):
@@ -83,6 +116,8 @@ def all_reduce_calls(contender, model, world_size):
         return sum(p.requires_grad for p in model.parameters())
     if contender.startswith("bucketed"):
         return len(model.buckets)
+    if contender == "picotron":
+        return len(model.bucket_manager.buckets)
     # Stock's reducer keeps its buckets in C++; its layout equals ManualDDP's bucketed
     # one (tests/test_buckets.py checks it through a comm hook), so its count is the same.
     return None
@@ -90,6 +125,8 @@ def all_reduce_calls(contender, model, world_size):
 
 def bench_size(size, args, rank, world_size, device):
     width, layers = SIZES[size]
+    if args.picotron and args.picotron not in sys.path:
+        sys.path.insert(0, args.picotron)
     torch.manual_seed(0)
     base = mlp(width, layers).to(device)
     contenders = args.contenders
@@ -116,14 +153,15 @@ def bench_size(size, args, rank, world_size, device):
         twin = f"stock {knob}" if knob else None  # stock DDP with the same setting
         same = f"{median / statistics.median(samples[twin]):.2f}x" if twin in samples else ""
         rows.append([world_size, size, f"{params / 1e6:.2f}M", c, f"{median * 1e3:.2f}",
-                     f"{median / stock:.2f}x", same, f"{sent if synced else 0:.1f}",
+                     f"{median / stock:.2f}x", per_round(samples[c], samples["stock"]),
+                     same, f"{sent if synced else 0:.1f}",
                      "=bucketed" if calls is None else calls,
                      f"{grad_memory_mb(c, models[c]):.1f}"])
     return rows
 
 
 HEADERS = ["ranks", "model", "params", "contender", "median ms/step", "vs stock",
-           "vs stock, same knob",
+           "vs stock per round (q1-q3)", "vs stock, same knob",
            "MB all-reduced/step", "all_reduce calls/step", "MB grads+buckets"]
 
 

@@ -15,6 +15,7 @@ import os
 import platform
 import random
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -57,6 +58,8 @@ def time_steps(model, optimizer, batches, device, world_size):
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
+        if hasattr(model, "bucket_manager"):  # picotron's DataParallelBucket: as its train.py,
+            model.reset()  # zero the buckets its hooks accumulate into, after the step
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the GPU runs behind the Python that launches it
         times.append(time.perf_counter() - t0)
@@ -76,6 +79,16 @@ def timed_rounds(contenders, batches, rounds, device, world_size):
                 dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
             samples[c] += times.tolist()
     return samples
+
+
+def per_round(mine, stock):
+    """Each step over stock's step of the same round (the machine's pace then the same for
+    both): "median (q1-q3)" of those ratios. A range that holds 1.00x is a tie."""
+    ratios = [a / b for a, b in zip(mine, stock)]
+    if len(ratios) < 2:
+        return f"{ratios[0]:.2f}x"
+    q1, q2, q3 = statistics.quantiles(ratios, n=4)
+    return f"{q2:.2f}x ({q1:.2f}-{q3:.2f})"
 
 
 def run_rank(rank, world_size, args, store_file, work):

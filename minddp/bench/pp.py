@@ -59,7 +59,7 @@ from torch.distributed import pipelining as stock_pp  # noqa: E402
 
 from .. import pp  # noqa: E402
 from . import SIZES  # noqa: E402
-from .harness import collect_rows, machine, print_table  # noqa: E402
+from .harness import collect_rows, machine, per_round, print_table  # noqa: E402
 
 from ..pp.interleaved import loop_placement  # noqa: E402
 from ..pp.v_shaped import v_placement  # noqa: E402
@@ -182,7 +182,7 @@ def pp_size(size, args, rank, world_size, device):
             _, idle, alive = stage_shares(built[way][2].events, *last[way])
             per_activation = saved_bytes(built[way][4], (args.batch // m, width))
             mine[way] = [idle, alive, alive * per_activation / 2**20,
-                         statistics.median(times[way])]
+                         statistics.median(times[way]), times[way]]
         everyone = [None] * world_size
         dist.all_gather_object(everyone, (mine, [e for way in ways if way[0] == "minddp"
                                                  for e in _events_of(built[way][2], last[way],
@@ -190,6 +190,7 @@ def pp_size(size, args, rank, world_size, device):
         laid_out = {name: figures(name, v, lists, world_size, m)
                     for name, (v, lists) in schedules(world_size, m).items() if lists}
         step = {way: max(r[0][way][3] for r in everyone) for way in ways}  # the slowest rank
+        rounds = {way: [max(t) for t in zip(*(r[0][way][4] for r in everyone))] for way in ways}
         for way in ways:  # (model: the width's name)
             impl, name = way
             v = stages_per_rank(name)
@@ -205,6 +206,7 @@ def pp_size(size, args, rank, world_size, device):
                          "ms": step[way] * 1e3,
                          "vs stock gpipe": step[way] / step.get(("stock", "GPipe"), float("nan")),
                          "vs stock": step[way] / step["stock", name],
+                         "per round": per_round(rounds[way], rounds["stock", name]),
                          "events": [r[1] for r in everyone] if impl == "minddp" else None})
     return rows
 
@@ -217,7 +219,7 @@ def _events_of(recorder, span, way):
 
 HEADERS = ["ranks", "model", "m", "way", "idle per rank", "formula", "laid out",
            "alive per rank", "activations MB per rank", "median ms/step", "vs stock GPipe",
-           "minddp / stock"]
+           "minddp / stock", "per round (q1-q3)"]
 
 
 def table_row(r):
@@ -226,7 +228,8 @@ def table_row(r):
             "-" if r["formula"] is None else f"{r['formula']:.1%}", f"{r['laid out']:.1%}",
             " ".join(map(str, r["alive"])), " ".join(f"{v:.1f}" for v in r["activations MB"]),
             f"{r['ms']:.2f}", f"{r['vs stock gpipe']:.2f}x",
-            f"{r['vs stock']:.2f}x" if r["way"].startswith("minddp") else ""]
+            f"{r['vs stock']:.2f}x" if r["way"].startswith("minddp") else "",
+            r["per round"] if r["way"].startswith("minddp") else ""]
 
 
 def main(args):
