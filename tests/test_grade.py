@@ -110,6 +110,12 @@ PLANTED = {
          "rank 1's gradients differ from rank 0's"),
         ("the outputs not summed", "return sum_over_ranks(partial, group)", "return partial",
          "rank 1's gradients differ from rank 0's"),
+        ("the sequence not gathered", "        if self.sequence_dim is not None:\n"
+         "            return gather_sequence(x, self.sequence_dim, group)\n", "",
+         "the sequence was cut twice"),
+        ("the sum not reduce_scattered", "        if self.sequence_dim is not None:\n"
+         "            return scatter_sequence(partial, self.sequence_dim, group)\n", "",
+         "it holds the whole sequence"),
         ("a bias 2^-20 too large, placed as stock's", "partial = F.linear(x, module.weight, share)",
          "partial = F.linear(x, module.weight, None if share is None else share * (1 + 2 ** -20))",
          "tiny: "),  # a rounding apart, yet not the textbook's placement either: failed

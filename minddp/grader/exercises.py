@@ -82,9 +82,13 @@ EXERCISES = {
         ("Unit", "fully_shard"), (1, 2, 3), (1, 2, 3, 4)),
     "tp": Exercise("tp.parallel", "torch.distributed.tensor.parallel.parallelize_module", {
         "ColwiseParallel._whole": "the input every rank's column slice needs: whole, with a"
-        " backward that sums the ranks' input gradients (copy_to_ranks)",
+        " backward that sums the ranks' input gradients (copy_to_ranks); with"
+        " self.sequence_dim set (input_layouts=Shard(1)), each rank's slice of the sequence"
+        " gathered whole (gather_sequence)",
         "RowwiseParallel._forward": "this rank's partial output from its weight's columns and"
-        " its share of the bias, then summed over the ranks (sum_over_ranks)"},
+        " its share of the bias, then summed over the ranks (sum_over_ranks); with"
+        " self.sequence_dim set (output_layouts=Shard(1)), reduce_scattered along it instead,"
+        " each rank keeping its slice (scatter_sequence)"},
         ("ColwiseParallel", "RowwiseParallel", "parallelize_module"), (2,), (1, 2, 4)),
     "pp": Exercise("pp.schedules", "torch.distributed.pipelining.Schedule1F1B", {
         "one_f_one_b": "the list of (\"F\", i) and (\"B\", i) actions of stage stage_index:"

@@ -34,7 +34,7 @@ class _MLP(torch.nn.Module):
         return self.down(F.gelu(self.up(torch.tanh(self.embed(x)))))
 
 
-def _bias_after_sum(rowwise):
+def _bias_after_sum(rowwise, **layouts):
     """The lesson's RowwiseParallel with the textbook's bias: added once, after the sum (stock
     adds bias / W on every rank, before it): right too, and another rounding."""
     from ..tp.ops import scatter_sequence, sum_over_ranks
@@ -45,27 +45,37 @@ def _bias_after_sum(rowwise):
             out = (scatter_sequence(partial, self.sequence_dim, group)
                    if self.sequence_dim is not None else sum_over_ranks(partial, group))
             return out if module.bias is None else out + module.bias
-    return BiasAfterSum()
+    return BiasAfterSum(**layouts)
 
 
 def tp(student, rank, world_size):
     """The student's column and row splits against stock's parallelize_module: the output,
-    the input's gradient, every whole gradient and weight, every step. A run a rounding
-    apart is also compared with the textbook's bias placement (_bias_after_sum)."""
+    the input's gradient, every whole gradient and weight, every step; then the same with
+    sequence parallelism (each rank a slice of the sequence: gathered before up, the sum
+    reduce_scattered after down). A run a rounding apart is also compared with the
+    textbook's bias placement (_bias_after_sum)."""
+    return [_check(student, rank, world_size, sequence=False),
+            _check(student, rank, world_size, sequence=True)]
+
+
+def _check(student, rank, world_size, sequence):
+    from torch.distributed.tensor import Shard
     from ..mesh.device_mesh import init_device_mesh
     from ..tp import parallel as lesson
     from ..tp.plan import sliced
+    col, row = ({"input_layouts": Shard(1)}, {"output_layouts": Shard(1)}) if sequence else ({}, {})
     torch.manual_seed(0)
     model = _MLP()
     stock, textbook = copy.deepcopy(model), copy.deepcopy(model)
     student.parallelize_module(model, init_device_mesh("cpu", (world_size,)),
-                               {"up": student.ColwiseParallel(), "down": student.RowwiseParallel()})
+                               {"up": student.ColwiseParallel(**col),
+                                "down": student.RowwiseParallel(**row)})
     stock_tp.parallelize_module(stock, stock_mesh("cpu", (world_size,)),
-                                {"up": stock_tp.ColwiseParallel(),
-                                 "down": stock_tp.RowwiseParallel()})
+                                {"up": stock_tp.ColwiseParallel(**col),
+                                 "down": stock_tp.RowwiseParallel(**row)})
     lesson.parallelize_module(textbook, init_device_mesh("cpu", (world_size,)),
-                              {"up": lesson.ColwiseParallel(),
-                               "down": _bias_after_sum(lesson.RowwiseParallel)})
+                              {"up": lesson.ColwiseParallel(**col),
+                               "down": _bias_after_sum(lesson.RowwiseParallel, **row)})
     def whole(name, t, cuts):  # cuts: the model's slices, (dim, group) per parameter name
         if t is None or name not in cuts:
             return _np(_whole(t))
@@ -79,8 +89,10 @@ def tp(student, rank, world_size):
         record[who] = {"start": {n: whole(n, p, mine) for n, p in m.named_parameters()},
                        "grads": [], "weights": []}
         for step in range(STEPS):
-            x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))  # the same
-            x.requires_grad_()  # on every rank: TP splits the layers, not the batch
+            # the same x on every rank (TP splits the layers, not the batch); with sequence
+            # parallelism each rank its own slice of the sequence (dim 1)
+            x = torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(step))
+            x = (x.chunk(world_size, 1)[rank] if sequence else x).clone().requires_grad_()
             optimizer.zero_grad()
             out = m(x)
             out.square().mean().backward()
@@ -90,6 +102,23 @@ def tp(student, rank, world_size):
             optimizer.step()
             record[who]["weights"].append({n: whole(n, p, mine) for n, p in m.named_parameters()})
     everyone = _everyone(record)
+    label = (f"{_ranks(world_size)}, a replicated layer, then up (column) and down (row)"
+             + (", sequence parallel (Shard(1) in and out)" if sequence else "") + ", AdamW")
+    shapes = [(r["yours"]["grads"][0]["(output)"].shape, r["stock"]["grads"][0]["(output)"].shape)
+              for r in everyone]
+    if any(mine != theirs for mine, theirs in shapes):
+        rank = next(r for r, (mine, theirs) in enumerate(shapes) if mine != theirs)
+        mine, theirs = shapes[rank]
+        why = f"the output's shape {tuple(mine)} is not stock's {tuple(theirs)}"
+        if sequence and mine[1] == theirs[1] * world_size:
+            why += (": it holds the whole sequence. With output_layouts=Shard(1) the row"
+                    " split's sum is reduce_scattered along the sequence, each rank keeping"
+                    " its slice (scatter_sequence on self.sequence_dim)")
+        elif sequence and mine[1] * world_size == theirs[1]:
+            why += (": the sequence was cut twice. With input_layouts=Shard(1) each rank"
+                    " holds a slice, gathered whole before the column split (gather_sequence"
+                    " on self.sequence_dim)")
+        return _result(label, False, f"step 0, rank {rank}, (output)", why)
     passed, where, why = compare(_runs(everyone, "yours"), _runs(everyone, "stock"), world_size,
                                  "stock adds each rank's share of the row split's bias before"
                                  " the sum")
@@ -100,8 +129,7 @@ def tp(student, rank, world_size):
         if world_size > 1 and abs(extra - (world_size - 1) * bias).max() < 1e-5:
             why = (f"the output holds the row split's bias {world_size} times: every rank adds"
                    f" all of it before the sum (add bias / world_size on each, as stock)")
-    result = _result(f"{_ranks(world_size)}, a replicated layer, then up (column) and down"
-                     f" (row), AdamW", passed, where, why)
+    result = _result(label, passed, where, why)
     if not passed and why.startswith("tiny") and compare(
             _runs(everyone, "yours"), _runs(everyone, "textbook"), world_size)[0]:
         result.update(passed=True, outcome="correct", diagnosis=(
@@ -109,4 +137,4 @@ def tp(student, rank, world_size):
             " once after the sum, where stock adds each rank's share (bias / W) before it; the"
             " two round apart: add bias / world_size on each rank before the sum for stock's"
             " bits"))
-    return [result]
+    return result
