@@ -102,19 +102,12 @@ def kept_bytes(module, s, b, h):
     """Bytes of the storages alive after module's forward, its input's included (freed by the
     caller: what stays is what backward holds), its output's and the weights' not."""
     weights = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    # Everything made before this call is set aside from the collector: gc.collect() below
-    # then looks at this forward's objects only (in a process that has imported torch, a
-    # full collection takes 0.1-0.2 s; the forward itself, milliseconds).
-    gc.freeze()
-    try:
-        x = torch.randn(b, s, h, requires_grad=True)
-        with Outputs() as outputs:
-            y = module(x)
-        refs = [weakref.ref(x), *outputs.made]
-        del x
-        gc.collect()
-    finally:
-        gc.unfreeze()
+    x = torch.randn(b, s, h, requires_grad=True)
+    with Outputs() as outputs:
+        y = module(x)
+    refs = [weakref.ref(x), *outputs.made]
+    del x
+    gc.collect()
     out = y.untyped_storage().data_ptr()
     alive = {}
     for t in (t for t in (r() for r in refs) if t is not None):
