@@ -19,6 +19,7 @@ import tempfile
 import time
 import traceback
 import uuid
+import warnings
 from pathlib import Path
 
 import torch
@@ -306,6 +307,45 @@ def run(cmd, timeout=HANG_S, env=None, gpu=False, until=()):
     result = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     result.killed, result.tag = killed, tag
     return result
+
+
+def cli(*argv, timeout=HANG_S):
+    """`minddp ARGV` run in this process, as a CompletedProcess (returncode, stdout,
+    stderr): no interpreter to start, no torch to import again, and the ranks of a grade or
+    a benchmark fork from this process's fork server (run/warm.py), already warm. The
+    command bounds its own ranks (the grader's --timeout, the benchmarks' group timeout);
+    SIGALRM bounds the command itself. What a rank prints goes to this process's own file
+    descriptors, not into the result: a test that reads a rank's lines runs the command in a
+    process (run), as test_grade.py, test_exit.py and test_bench.py do for each kind."""
+    from minddp.__main__ import main
+    out, err = io.StringIO(), io.StringIO()
+
+    def hung(signum, frame):
+        raise Hang(f"minddp {' '.join(map(str, argv))} still running after {timeout}s (a"
+                   f" hang?)\n{out.getvalue()[-2000:]}\n{err.getvalue()[-2000:]}", None,
+                   out.getvalue(), err.getvalue())
+    argv_before, alarm_before = sys.argv, signal.signal(signal.SIGALRM, hung)
+    signal.alarm(timeout)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                warnings.catch_warnings():
+            # runpy runs the command's module afresh as __main__, though a test imported it
+            warnings.filterwarnings("ignore", "'minddp.", RuntimeWarning)
+            try:
+                code = main(list(map(str, argv)))
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
+            except Hang:
+                raise
+            except Exception:  # as a process would end: its traceback, status 1
+                traceback.print_exc()
+                code = 1
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, alarm_before)
+        sys.argv = argv_before
+    return subprocess.CompletedProcess(["minddp", *map(str, argv)], code, out.getvalue(),
+                                       err.getvalue())
 
 
 def _read(file):

@@ -11,11 +11,12 @@ import sys
 
 import pytest
 
-from helpers import run, share_spawn, shared_results
+from helpers import cli, run, share_spawn, shared_results
 from minddp.pp.stage import MAX_DIMS
 
 
 def test_bench_reports_every_contender_as_a_ratio_to_stock():
+    # (a process of its own, as a user runs it: the ranks' progress lines come on its stderr)
     result = run([sys.executable, "-m", "minddp", "bench", "--sizes", "0.3M", "--world-sizes", "2",
                   "--rounds", "2", "--warmup", "1"])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -47,9 +48,9 @@ def test_bench_reports_every_contender_as_a_ratio_to_stock():
 def fsdp_rows(tmp_path_factory):
     """One small run of python -m minddp.fsdp_bench at 2 ranks: its rows, unrounded."""
     path = tmp_path_factory.mktemp("fsdp") / "rows.json"
-    result = run([sys.executable, "-m", "minddp", "fsdp-bench", "--sizes", "0.3M", "--world-sizes",
-                  "2", "--rounds", "1", "--warmup", "0", "--json", path,
-                  "--png", path.with_suffix(".png")])
+    result = cli("fsdp-bench", "--sizes", "0.3M", "--world-sizes",
+                 "2", "--rounds", "1", "--warmup", "0", "--json", path,
+                 "--png", path.with_suffix(".png"))
     assert result.returncode == 0, result.stderr[-3000:]
     return {r["way"]: r for r in json.load(open(path))["rows"]}, path.with_suffix(".png")
 
@@ -114,8 +115,8 @@ def test_png_without_matplotlib_says_what_to_install(program, tmp_path, monkeypa
 
 def test_tp_bench_counts_what_the_formula_says():
     """One small run of minddp tp-bench at 2 ranks: bytes passed, bytes held, stock beside."""
-    result = run([sys.executable, "-m", "minddp", "tp-bench", "--world-sizes", "2", "--rounds",
-                  "2", "--warmup", "1", "--batch", "2"])
+    result = cli("tp-bench", "--world-sizes", "2", "--rounds",
+                 "2", "--warmup", "1", "--batch", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     by_way = {}  # the table's cells are separated by two spaces or more
     for line in result.stdout.splitlines():

@@ -23,7 +23,6 @@ bfloat16 and float64, at sizes that divide into the ranks and sizes that do not:
 """
 
 import re
-import sys
 
 import pytest
 import torch
@@ -32,8 +31,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import minddp.collectives as mine
-from helpers import REPO, assert_identical_tables, run, share_spawn, shared_results, torchrun, \
-    usage_errors
+from helpers import REPO, assert_identical_tables, cli, share_spawn, shared_results, \
+    torchrun, usage_errors
 from minddp.bench.collectives import counting_sent
 from minddp.collectives import checks, chosen, cost
 from minddp.collectives.ring_all_reduce import gloo_blocks
@@ -581,8 +580,8 @@ def test_the_benchmark_counts_the_formulas_bytes_and_fits_the_model(tmp_path):
     # 2 ranks, 1 KiB and 16 KiB, one round: every algorithm's bytes (counted) = the formula;
     # the fit and the picture come out. (No time is asserted: only what is counted.)
     picture = tmp_path / "c.png"
-    result = run([sys.executable, "-m", "minddp", "collectives-bench", "--world-sizes", "2",
-                  "--sizes", "1K", "16K", "--rounds", "1", "--png", picture])
+    result = cli("collectives-bench", "--world-sizes", "2",
+                 "--sizes", "1K", "16K", "--rounds", "1", "--png", picture)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line.split() for line in result.stdout.splitlines()
             if re.match(r"2 +(1K|16K) ", line)]

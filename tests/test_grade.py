@@ -21,7 +21,7 @@ import tempfile
 
 import pytest
 
-from helpers import REPO, run, share_spawn, shared_results
+from helpers import REPO, cli, run, share_spawn, shared_results
 from corpus import RIGHT
 from minddp.grader.exercises import EXERCISES, solution, starting_file
 from minddp.grader.student import load
@@ -116,6 +116,9 @@ PLANTED = {
         ("the sum not reduce_scattered", "        if self.sequence_dim is not None:\n"
          "            return scatter_sequence(partial, self.sequence_dim, group)\n", "",
          "it holds the whole sequence"),
+        ("the whole bias on rank 0 only", "partial = F.linear(x, module.weight, share)",
+         "partial = F.linear(x, module.weight, module.bias if dist.get_rank(group) == 0 else"
+         " None)", "added on one rank only"),
         ("a bias 2^-20 too large, placed as stock's", "partial = F.linear(x, module.weight, share)",
          "partial = F.linear(x, module.weight, None if share is None else share * (1 + 2 ** -20))",
          "tiny: "),  # a rounding apart, yet not the textbook's placement either: failed
@@ -388,7 +391,7 @@ def test_grading_a_lesson_as_a_student_does_passes_and_exits_0():
 
 def test_a_planted_mistake_exits_1_with_its_diagnosis_also_as_json(tmp_path):
     path = _planted(tmp_path, "naive", "a sum, not a mean")
-    result = run([sys.executable, "-m", "minddp", "grade", str(path), "--ranks", "2", "--json"])
+    result = cli("grade", str(path), "--ranks", "2", "--json")
     assert result.returncode == 1, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["exercise"] == "naive" and report["passed"] is False
@@ -403,7 +406,7 @@ def test_an_exception_is_reported_at_its_line_in_the_students_file(tmp_path):
     path = tmp_path / "broadcast.py"
     path.write_text((REPO / "minddp" / "ddp" / "broadcast.py").read_text().replace(
         "dist.broadcast(tensor, src=global_rank(group, src)", "dist.broadcast(tensor, src=src"))
-    result = run([sys.executable, "-m", "minddp", "grade", str(path), "--ranks", "3"])
+    result = cli("grade", str(path), "--ranks", "3")
     assert result.returncode == 1, result.stderr[-2000:]
     line = path.read_text().splitlines().index(
         "        dist.broadcast(tensor, src=src, group=group)") + 1
@@ -419,8 +422,7 @@ def test_a_collective_that_never_completes_names_where_each_rank_waits(tmp_path)
         "        if self.world_size > 1:\n            # Blocking",
         "        if self.world_size > 1 and dist.get_rank() == 1:  # rank 1 only\n"
         "            # Blocking"))
-    result = run([sys.executable, "-m", "minddp", "grade", str(path), "--ranks", "2",
-                  "--timeout", "10"])
+    result = cli("grade", str(path), "--ranks", "2", "--timeout", "10")
     assert result.returncode == 1, result.stderr[-2000:]
     line = path.read_text().splitlines().index(
         "            chosen.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.process_group)") + 1
@@ -473,8 +475,7 @@ def test_a_folder_of_students_files_is_one_table(tmp_path):
     (tmp_path / "bob.py").write_text(lesson.replace("        grad.mul_(1.0 / self.world_size)\n",
                                                     ""))  # summed, not averaged
     (tmp_path / "carol.py").write_text("def nothing():\n    pass\n")
-    table = run([sys.executable, "-m", "minddp", "grade", str(tmp_path), "--exercise", "naive",
-                 "--ranks", "2"])
+    table = cli("grade", str(tmp_path), "--exercise", "naive", "--ranks", "2")
     assert table.returncode == 1, table.stderr[-2000:]
     rows = {line.split()[0]: line for line in table.stdout.splitlines()
             if line.split() and line.split()[0].endswith(".py")}
@@ -482,12 +483,11 @@ def test_a_folder_of_students_files_is_one_table(tmp_path):
     assert passed == checks and rows["alice.py"].split()[2] == "of"
     assert "2.000x stock's" in rows["bob.py"] and "summed, not averaged" in rows["bob.py"]
     assert "carol.py" in rows and "defines no NaiveDDP" in rows["carol.py"]
-    as_csv = run([sys.executable, "-m", "minddp", "grade", str(tmp_path), "--exercise", "naive",
-                  "--ranks", "2", "--csv"])
+    as_csv = cli("grade", str(tmp_path), "--exercise", "naive", "--ranks", "2", "--csv")
     lines = as_csv.stdout.splitlines()
     assert lines[0] == "file,check,outcome,where,diagnosis"
     assert any(line.startswith(str(tmp_path / "alice.py")) and ",passed," in line for line in lines)
-    no_exercise = run([sys.executable, "-m", "minddp", "grade", str(tmp_path)])
+    no_exercise = cli("grade", str(tmp_path))
     assert no_exercise.returncode == 2 and "--exercise NAME" in no_exercise.stderr
 
 
@@ -510,8 +510,7 @@ def test_right_averages_that_are_not_stocks_bits_are_correct_and_a_wrong_one_fai
         if name == "sum, then divide":
             source = source.replace(reduce, reduce + "            grad.div_(self.world_size)\n")
         (tmp_path / "naive.py").write_text(source)
-        graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "naive.py"),
-                      "--ranks", "3", "--json"])
+        graded = cli("grade", str(tmp_path / "naive.py"), "--ranks", "3", "--json")
         assert graded.returncode == 0, (name, graded.stdout[-3000:], graded.stderr[-2000:])
         checks = json.loads(graded.stdout)["checks"]
         assert all(c["passed"] and c["outcome"] in ("passed", "correct") for c in checks), name
@@ -521,8 +520,7 @@ def test_right_averages_that_are_not_stocks_bits_are_correct_and_a_wrong_one_fai
                 check["diagnosis"], (name, check)
     (tmp_path / "naive.py").write_text(lesson.replace(
         SCALE, "        grad.mul_(1.0 / self.world_size * (1 + 2 ** -20))\n"))
-    graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "naive.py"),
-                  "--ranks", "3", "--json"])
+    graded = cli("grade", str(tmp_path / "naive.py"), "--ranks", "3", "--json")
     assert graded.returncode == 1
     for check in json.loads(graded.stdout)["checks"][:2]:
         assert check["outcome"] == "failed" and "a wrong gradient, not a different order" in \
@@ -600,8 +598,7 @@ def test_fsdp_reduced_another_right_way_is_correct_and_a_wrong_one_fails(way):
 def test_a_group_without_rank_0_averaged_over_the_whole_world_is_named(tmp_path):
     (tmp_path / "naive.py").write_text((REPO / "minddp" / "ddp" / "naive.py").read_text().replace(
         "dist.get_world_size(process_group)", "dist.get_world_size()"))
-    graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "naive.py"),
-                  "--ranks", "3", "--json"])
+    graded = cli("grade", str(tmp_path / "naive.py"), "--ranks", "3", "--json")
     assert graded.returncode == 1
     [failed] = [c for c in json.loads(graded.stdout)["checks"] if c["outcome"] == "failed"]
     assert failed["check"] == "3 ranks, the toy model, process_group = ranks 1..2"
@@ -613,8 +610,7 @@ def test_a_warm_up_not_clamped_to_the_microbatches_is_caught_at_3_ranks(tmp_path
     (tmp_path / "pp.py").write_text((REPO / "minddp" / "pp" / "schedules.py").read_text()
                                     .replace("warmup = min(n, num_stages - stage_index)",
                                              "warmup = num_stages - stage_index"))
-    graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "pp.py"),
-                  "--ranks", "3", "--json"])
+    graded = cli("grade", str(tmp_path / "pp.py"), "--ranks", "3", "--json")
     assert graded.returncode == 1
     [failed] = [c for c in json.loads(graded.stdout)["checks"] if c["outcome"] == "failed"]
     assert failed["check"].startswith("3 ranks, 2 microbatches (fewer than stages")
@@ -637,8 +633,7 @@ def test_a_starting_file_written_by_minddp_exercise_is_graded_not_written_yet(tm
     assert "warmup = " not in source and 'raise NotImplementedError("TODO: one_f_one_b")' in source
     again = run([sys.executable, "-m", "minddp", "exercise", "pp", str(tmp_path)])
     assert again.returncode == 2 and "exists: it would be overwritten" in again.stderr
-    graded = run([sys.executable, "-m", "minddp", "grade", str(tmp_path / "pp.py"),
-                  "--ranks", "2"])
+    graded = cli("grade", str(tmp_path / "pp.py"), "--ranks", "2")
     assert graded.returncode == 1
     assert "diagnosis: not written yet: one_f_one_b still raises NotImplementedError" in \
         graded.stdout, graded.stdout

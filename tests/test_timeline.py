@@ -5,11 +5,10 @@
 
 import json
 import re
-import sys
 
 import pytest
 
-from helpers import run
+from helpers import cli
 
 # 4.21M parameters (16.8 MB of float32 gradients): after the first step, 2 buckets.
 TOTAL_BYTES = 4 * (4 * (1024 * 1024 + 1024) + 1024 * 10 + 10)
@@ -18,8 +17,8 @@ TOTAL_BYTES = 4 * (4 * (1024 * 1024 + 1024) + 1024 * 10 + 10)
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
     out = tmp_path_factory.mktemp("timeline") / "t.json"
-    result = run([sys.executable, "-m", "minddp", "timeline", "--size", "4M", "--world-size", "2",
-                  "--steps", "3", "--out", str(out), "--png", str(out.with_suffix(".png"))])
+    result = cli("timeline", "--size", "4M", "--world-size", "2",
+                 "--steps", "3", "--out", str(out), "--png", str(out.with_suffix(".png")))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "outlived" not in result.stdout  # recording holds no wrapper, so no group, alive
     traces = {kind: json.load(open(str(out).replace(".json", f"-{kind}.json")))["traceEvents"]
@@ -90,15 +89,15 @@ def test_overlap_arithmetic_on_a_synthetic_trace():
 
 
 def test_missing_out_directory_is_refused_before_training(tmp_path):
-    result = run([sys.executable, "-m", "minddp", "timeline", "--out", str(tmp_path / "no" / "t.json")])
+    result = cli("timeline", "--out", str(tmp_path / "no" / "t.json"))
     assert result.returncode == 2
     assert result.stderr.startswith(f"error: --out {tmp_path / 'no' / 't.json'}: its directory")
     assert len(result.stderr.splitlines()) == 2
 
 
 def test_world_size_one_works_and_says_so(tmp_path):
-    result = run([sys.executable, "-m", "minddp", "timeline", "--size", "0.3M", "--world-size", "1",
-                  "--ddp", "bucketed", "--out", str(tmp_path / "one.json")])
+    result = cli("timeline", "--size", "0.3M", "--world-size", "1",
+                 "--ddp", "bucketed", "--out", str(tmp_path / "one.json"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "world size 1: nothing to communicate" in result.stdout
     assert "communication overlapped with backward: n/a" in result.stdout
@@ -137,8 +136,8 @@ def test_the_picture_draws_the_recorded_events(traced):
 def test_a_recorded_trace_is_drawn_without_running(traced, tmp_path):
     _, _, png = traced
     trace = str(png).replace(".png", "-bucketed.json")
-    result = run([sys.executable, "-m", "minddp", "timeline", "--trace", trace,
-                  "--png", str(tmp_path / "b.png")])
+    result = cli("timeline", "--trace", trace,
+                 "--png", str(tmp_path / "b.png"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"picture: {tmp_path / 'b.png'}" in result.stdout and "step 2" in result.stdout
     assert "rank 1 comm" in result.stdout  # the text timeline of the same step

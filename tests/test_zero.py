@@ -8,14 +8,13 @@ foreach=False on every side (the for-loop kernels; on CPU that is the default an
 """
 
 import copy
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from helpers import run, run_ranks, share_spawn, shared_results
+from helpers import cli, run_ranks, share_spawn, shared_results
 from minddp import ManualDDP, UsageError
 from minddp.zero.optimizer import ShardedOptimizer
 
@@ -146,8 +145,8 @@ def test_different_parameter_lists_are_a_clear_error():
 
 
 def test_zero_bench_reports_state_per_rank():
-    result = run([sys.executable, "-m", "minddp", "zero-bench", "--sizes", "0.3M", "--world-sizes", "2",
-                  "--rounds", "2", "--warmup", "1"])
+    result = cli("zero-bench", "--sizes", "0.3M", "--world-sizes", "2",
+                 "--rounds", "2", "--warmup", "1")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {" ".join(line.split()[2:-5]): line.split() for line in result.stdout.splitlines()
             if line.startswith("2 ")}

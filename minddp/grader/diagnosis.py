@@ -52,7 +52,7 @@ def compare(ours, stock, world_size, order_note="stock's order"):
                     "ranks start from different weights: rank 0's were never copied to the others"
                     " (stock broadcasts rank 0's parameters and buffers at construction)")
     for step, (ours_step, stock_step) in enumerate(zip(ours["grads"], stock["grads"])):
-        for rank in range(world_size):
+        for rank in range(world_size):  # every rank's presence before any rank's values
             mine, theirs = ours_step[rank], stock_step[rank]
             for name in mine:
                 if (mine[name] is None) != (theirs[name] is None):
@@ -60,6 +60,8 @@ def compare(ours, stock, world_size, order_note="stock's order"):
                             "no gradient: its hook never ran or its gradient was dropped"
                             if mine[name] is None else "a gradient where stock has none (a"
                             " frozen or unused parameter must keep .grad None)")
+        for rank in range(world_size):
+            mine, theirs = ours_step[rank], stock_step[rank]
             hit = first_difference(mine, theirs)
             if hit is None:
                 continue

@@ -122,6 +122,11 @@ def _check(student, rank, world_size, sequence):
     passed, where, why = compare(_runs(everyone, "yours"), _runs(everyone, "stock"), world_size,
                                  "stock adds each rank's share of the row split's bias before"
                                  " the sum")
+    if where.endswith("down.bias") and why.startswith("no gradient"):
+        why = ("no gradient for this rank's copy of the row split's bias: it was added on one"
+               " rank only, so only that rank's copy takes part in the loss (stock's gradient"
+               " is whole on every rank): add bias / world_size on every rank before the sum,"
+               " as stock, or the whole bias on every rank after it")
     if "(output)" in where:  # by how much: the row split's bias, once per rank too many?
         extra = everyone[0]["yours"]["grads"][0]["(output)"] - everyone[0]["stock"]["grads"][0][
             "(output)"]
