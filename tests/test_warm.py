@@ -36,3 +36,41 @@ def test_a_warm_rank_is_forked_from_the_server_and_sees_the_tests_environment(mo
         assert seen["said"] == "set after the server started", rank
         assert seen["group"] == 2
     assert facts[0]["random"] != facts[1]["random"]  # random reseeded after the fork
+
+
+def _collector(rank, world_size):
+    import gc
+    import weakref
+
+    import torch
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor._redistribute import _gen_transform_infos
+    from minddp.launch.teardown import forget_dtensor_caches
+
+    class Node:
+        pass
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a cycle made in the rank: only the collector frees it
+    gone = weakref.ref(a)
+    del a, b
+    gc.collect()
+    # a DTensor redistribution fills a cache made at import, before the server's freeze
+    mesh = init_device_mesh("cpu", (world_size,))
+    x = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)]).redistribute(mesh, [Replicate()])
+    filled = _gen_transform_infos.cache_info().currsize
+    del x, mesh
+    forget_dtensor_caches()
+    return {"frozen": gc.get_freeze_count(), "cycle freed": gone() is None, "filled": filled,
+            "after forget": _gen_transform_infos.cache_info().currsize}
+
+
+def test_a_warm_rank_collects_its_own_cycles_and_empties_dtensors_frozen_caches():
+    # The server sets its imports aside from the collector (run/frozen.py): gc.collect() in a
+    # rank reads only what the rank made. Its cycles are still freed, and DTensor's caches,
+    # made at import and so frozen (gc.get_objects() no longer lists them), still emptied by
+    # ddp_teardown (which run_ranks calls: no gloo thread may outlive it).
+    for rank, seen in enumerate(run_ranks(_collector, 2)):
+        assert seen["frozen"] > 100_000, (rank, seen)  # torch's import: ~300k objects
+        assert seen["cycle freed"] and seen["filled"] > 0 and seen["after forget"] == 0, \
+            (rank, seen)

@@ -328,7 +328,10 @@ def _run(case, how, save_ops):
     # Everything made before this run is set aside from the collector, so gc.collect() below
     # reads this run's objects only (a full collection in a process with torch imported takes
     # 0.1-0.2 s). Safe here because the model and input are built inside the run: a module
-    # built before a freeze could hold a cycle the collector no longer frees.
+    # built before a freeze could hold a cycle the collector no longer frees. A warm rank's
+    # imports are set aside already (run/frozen.py), and an unfreeze would bring them back.
+    if gc.get_freeze_count():
+        return _run_one(case, how, save_ops)
     gc.freeze()
     try:
         return _run_one(case, how, save_ops)

@@ -81,10 +81,23 @@ def forget_dtensor_caches():
     from torch.distributed.tensor import _redistribute, debug
     getattr(debug, "_clear_fast_path_sharding_prop_cache", lambda: None)()  # (C++)
     getattr(_redistribute, "clear_redistribute_planner_cache", lambda: None)()
-    for cached in gc.get_objects():
-        if (type(cached) is functools._lru_cache_wrapper
-                and getattr(cached, "__module__", "").startswith("torch.distributed.tensor")):
-            cached.cache_clear()
+    for cached in _dtensor_caches() + _FROZEN_CACHES:
+        cached.cache_clear()
+
+
+def _dtensor_caches():
+    return [c for c in gc.get_objects() if type(c) is functools._lru_cache_wrapper
+            and getattr(c, "__module__", "").startswith("torch.distributed.tensor")]
+
+
+_FROZEN_CACHES = []  # made before gc.freeze(): gc.get_objects() no longer lists them
+
+
+def freeze_imported():
+    """gc.freeze() all made so far (run/warm.py's fork server, after its imports): a rank's
+    collections then skip the ~300k objects torch's import made, and copy none of their pages."""
+    _FROZEN_CACHES.extend(_dtensor_caches())
+    gc.freeze()
 
 
 def stock_leaked_meshes():
@@ -98,6 +111,7 @@ def stock_leaked_meshes():
     # its mesh is left alone.
     if torch.__version__ >= "2.13" or "torch.distributed.device_mesh" not in sys.modules:
         return []
+    gc.unfreeze()  # every holder must be seen: gc.get_referrers() skips frozen objects
     from torch.distributed.device_mesh import DeviceMesh
     # (type(), not isinstance: that reads __class__, and torch.distributed.reduce_op warns)
     meshes = [o for o in gc.get_objects() if issubclass(type(o), DeviceMesh)]
