@@ -8,5 +8,6 @@ For the examples (and scripts built like them):
     sharded_checkpoint.py  checkpoints any world size loads (PyTorch's distributed checkpoint)
     faults.py      an injected crash, to watch torchrun restart a job
     warm.py        ranks forked from a process that has imported torch and minddp already
+    frozen.py      the fork server's imports set aside from the collector (warm.py)
     older_torch.py stock's pipeline schedules on torch 2.11 and 2.12, as 2.13 fixed them
 """
