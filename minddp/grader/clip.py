@@ -96,10 +96,7 @@ def clip(student, rank, world_size):
     results = []
     for names, shape, dp in MESHES[world_size]:
         label = _label(names, shape, dp)
-        model, stage, mesh = _build(LIBRARIES["stock"], names, shape, dp)
-        before = _grads(model)
-        saved = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
-        theirs = _clipped(stock_clip_grad_norm_, model, stage, mesh, saved)
+        before, theirs = _stock(world_size, names, shape, dp)
         model, stage, mesh = _build(LIBRARIES["manual"], names, shape, dp)
         ours_before = _grads(model)
         assert all((a is None) == (b is None) and (a is None or torch.equal(a, b))
@@ -115,6 +112,23 @@ def clip(student, rank, world_size):
             f"{_ranks(world_size)}, {label}: the total norm and every gradient, max_norm"
             f" {MAX_NORMS[0]} and {MAX_NORMS[1]}", *_verdict(everyone)))
     return results
+
+
+_STOCK = {}  # (group, mesh): stock's gradients before and after: one process grades many files
+
+
+def _stock(world_size, names, shape, dp):
+    """(gradients before clipping, {max_norm: (total, gradients after)}) of stock's model and
+    torchtitan's clip on this mesh; kept for the next file graded in this process (the tests
+    grade every planted mistake on one set of ranks), plain tensors only: no mesh is kept."""
+    key = (id(dist.group.WORLD), world_size, names, shape, dp)
+    if key not in _STOCK:
+        model, stage, mesh = _build(LIBRARIES["stock"], names, shape, dp)
+        before = _grads(model)
+        saved = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+        theirs = _clipped(stock_clip_grad_norm_, model, stage, mesh, saved)
+        _STOCK[key] = before, {m: (_local(total), grads) for m, (total, grads) in theirs.items()}
+    return _STOCK[key]
 
 
 def _compared(yours, theirs, before, max_norm):
