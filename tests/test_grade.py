@@ -422,12 +422,15 @@ def test_a_collective_that_never_completes_names_where_each_rank_waits(tmp_path)
         "        if self.world_size > 1:\n            # Blocking",
         "        if self.world_size > 1 and dist.get_rank() == 1:  # rank 1 only\n"
         "            # Blocking"))
-    result = cli("grade", str(path), "--ranks", "2", "--timeout", "10")
+    result = cli("grade", str(path), "--ranks", "2", "3", "4", "--timeout", "10")
     assert result.returncode == 1, result.stderr[-2000:]
     line = path.read_text().splitlines().index(
         "            chosen.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.process_group)") + 1
     assert f"rank 1 waits in all_reduce (naive.py line {line})" in result.stdout, result.stdout
-    assert "diagnosis: a collective that never completed within 10 s" in result.stdout
+    assert result.stdout.count("diagnosis: a collective that never completed within 10 s") == 1
+    # one --timeout for the whole grade: the world sizes after a hang are not run
+    assert "  3, 4 ranks: not run: FAILED" in result.stdout, result.stdout
+    assert "diagnosis: the 2 ranks above never finished: fix that first" in result.stdout
 
 
 PEER_LEFT = ("Traceback (most recent call last):\n  File \"{file}\", line 7, in _average\n"

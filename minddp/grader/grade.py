@@ -29,7 +29,7 @@ import sys
 from ..launch.usage_error import UsageError
 from ..run import warm
 from .exercises import EXERCISES
-from .ranks import run_world
+from .ranks import STUCK, run_world
 from .student import check_signatures, exercise_of, load
 
 
@@ -85,8 +85,15 @@ def grade(file, name, ranks, timeout):
     if student is not None:
         check_signatures(student, name)
     results = []
-    for world_size in ranks:
+    for i, world_size in enumerate(ranks):
         results += run_world(file, name, world_size, timeout)
+        left = ranks[i + 1:]
+        if left and results[-1]["diagnosis"].startswith(STUCK):
+            # a hang costs the student one --timeout, not one per world size
+            results.append({"check": f"{', '.join(map(str, left))} ranks: not run", "passed": False,
+                            "where": "", "diagnosis": f"the {world_size} ranks above never"
+                            f" finished: fix that first (each world size would wait as long)"})
+            break
     return results
 
 

@@ -26,6 +26,7 @@ STARTING_S = 600  # the most a rank may take to import torch and join the group
 # peer's own error says why, or, if it has none, the rank was waiting for a collective that
 # never completed: the same report as a rank still waiting at the time limit, whichever
 # rank notices first.
+STUCK = "a collective that never completed"  # how a world size's hang is said (grade.py)
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
@@ -151,6 +152,6 @@ def _stuck(label, out, world_size, timeout):
         last = lines[-1] if lines else "none"
         said.append(f"rank {rank} {'waits ' + last if last.startswith('in ') else 'in none'}")
     return {"check": f"{label}: the run", "passed": False, "where": "; ".join(said),
-            "diagnosis": f"a collective that never completed within {timeout:g} s: a rank"
+            "diagnosis": f"{STUCK} within {timeout:g} s: a rank"
                          f" waits for peers that never join it (a collective on some ranks"
                          f" only, or in another order)"}
