@@ -55,7 +55,7 @@ EXERCISES = {
         " 1.0 / world_size (multiply: stock's bits; dividing is right too and rounds apart"
         " at 3 ranks), then all_reduce (SUM); register the end-of-backward check on the"
         " first gradient and note each parameter that arrived"},
-        ("NaiveDDP",), (1, 2), (1, 2, 3, 4)),
+        ("NaiveDDP",), (1, 2, 3), (1, 2, 3, 4)),
     "bucketed": Exercise("ddp.bucketed", "torch.nn.parallel.DistributedDataParallel", {
         "BucketedDDP._mark_ready": "note the gradient ready, copy it into its bucket, and"
         " launch every bucket that is now complete, strictly in bucket order",

@@ -29,7 +29,7 @@ import sys
 from ..launch.usage_error import UsageError
 from ..run import warm
 from .exercises import EXERCISES
-from .ranks import STUCK, run_world
+from .ranks import run_world
 from .student import check_signatures, exercise_of, load
 
 
@@ -88,7 +88,7 @@ def grade(file, name, ranks, timeout):
     for i, world_size in enumerate(ranks):
         results += run_world(file, name, world_size, timeout)
         left = ranks[i + 1:]
-        if left and results[-1]["diagnosis"].startswith(STUCK):
+        if left and results[-1].get("stuck"):
             # a hang costs the student one --timeout, not one per world size
             results.append({"check": f"{', '.join(map(str, left))} ranks: not run", "passed": False,
                             "where": "", "diagnosis": f"the {world_size} ranks above never"

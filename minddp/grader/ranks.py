@@ -10,6 +10,7 @@ from the moment all of them have joined the group (a slow torch import is no han
 rank notes every collective it enters and leaves, so the report says where each one waits.
 """
 
+import faulthandler
 import json
 import os
 import pathlib
@@ -26,7 +27,6 @@ STARTING_S = 600  # the most a rank may take to import torch and join the group
 # peer's own error says why, or, if it has none, the rank was waiting for a collective that
 # never completed: the same report as a rank still waiting at the time limit, whichever
 # rank notices first.
-STUCK = "a collective that never completed"  # how a world size's hang is said (grade.py)
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
@@ -55,7 +55,7 @@ def _record_collectives(path, student_file):
             setattr(dist, name, wrap(name, getattr(dist, name)))
 
 
-def _rank(rank, world_size, file, name, tmp, environ):
+def _rank(rank, world_size, file, name, tmp, environ, timeout):
     import torch
     import torch.distributed as dist
     out = pathlib.Path(tmp)
@@ -72,9 +72,14 @@ def _rank(rank, world_size, file, name, tmp, environ):
         dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank,
                                 world_size=world_size)
         (out / f"rank{rank}.started").touch()  # the time limit counts from here
+        # Where this rank is just before the limit, should it still run then: every
+        # thread's stack, into a file (a C thread writes it: no GIL needed).
+        stack = open(out / f"rank{rank}.stack", "w")
+        faulthandler.dump_traceback_later(max(timeout - 0.5, timeout * 0.9), file=stack)
         _record_collectives(out / f"rank{rank}.collectives", str(pathlib.Path(file).resolve()))
         student = load(pathlib.Path(file), EXERCISES[name].lesson)
         results = CHECKS[name](student, rank, world_size)
+        faulthandler.cancel_dump_traceback_later()
         if rank == 0:
             (out / "results.json").write_text(json.dumps(results))
         del student
@@ -91,7 +96,7 @@ def run_world(file, name, world_size, timeout):
     with tempfile.TemporaryDirectory() as tmp:
         warm.context()  # the ranks forked from a server that has torch imported (run/warm.py)
         context = mp.start_processes(_rank, args=(world_size, str(file), name, tmp,
-                                                  dict(os.environ)),
+                                                  dict(os.environ), timeout),
                                      nprocs=world_size, start_method="forkserver", join=False)
         out, failed = pathlib.Path(tmp), False
         deadline = time.monotonic() + STARTING_S  # (torch's import may take a while)
@@ -124,7 +129,7 @@ def report(out, file, world_size, timeout, stuck):
     if said:
         return [_exception(label, said[0], file)]
     if stuck or left or not (out / "results.json").exists():
-        return [_stuck(label, out, world_size, timeout)]
+        return [_stuck(label, out, world_size, timeout, file)]
     return json.loads((out / "results.json").read_text())
 
 
@@ -144,14 +149,37 @@ def _exception(label, error_file, file):
     return {"check": f"{label}: the run", "passed": False, "where": where, "diagnosis": what}
 
 
-def _stuck(label, out, world_size, timeout):
-    said = []
+def _stuck(label, out, world_size, timeout, file):
+    said, waiting, running = [], False, False
     for rank in range(world_size):
         lines = (out / f"rank{rank}.collectives").read_text().splitlines() \
             if (out / f"rank{rank}.collectives").exists() else []
         last = lines[-1] if lines else "none"
-        said.append(f"rank {rank} {'waits ' + last if last.startswith('in ') else 'in none'}")
+        at = _line_in(out / f"rank{rank}.stack", file)
+        waiting |= last.startswith("in ")
+        running |= at is not None and not last.startswith("in ")
+        said.append(f"rank {rank} waits {last}" if last.startswith("in ") else
+                    f"rank {rank} {at or 'in none'}")
+    elsewhere = ("a send or receive whose peer never posts its match (sizes or peers that do"
+                 " not pair up), or a loop that never ends")
+    why = (f"the ranks never finished within {timeout:g} s, none of them in a collective: each"
+           f" runs the line named: {elsewhere}" if not waiting else
+           f"a collective that never completed within {timeout:g} s: a rank waits for peers"
+           f" that never join it; " + ("the others never got past the lines named: "
+                                        + elsewhere if running else
+                                        "a collective on some ranks only, or in another order"))
     return {"check": f"{label}: the run", "passed": False, "where": "; ".join(said),
-            "diagnosis": f"{STUCK} within {timeout:g} s: a rank"
-                         f" waits for peers that never join it (a collective on some ranks"
-                         f" only, or in another order)"}
+            "diagnosis": why, "stuck": True}
+
+
+def _line_in(stack_file, file):
+    """'at naive.py line 7: <the line>', the innermost frame of the student's file in the
+    stacks faulthandler wrote just before the limit, or None."""
+    text = stack_file.read_text() if stack_file.exists() else ""
+    mine = f'File "{pathlib.Path(file).resolve()}", line '
+    for frame in text.splitlines():  # each thread's, the most recent call first
+        if mine in frame:
+            number = int(frame.split(mine)[1].split()[0])
+            source = pathlib.Path(file).read_text().splitlines()[number - 1].strip()
+            return f"at {pathlib.Path(file).name} line {number}: {source}"
+    return None

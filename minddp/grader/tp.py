@@ -124,9 +124,10 @@ def _check(student, rank, world_size, sequence):
                                  " the sum")
     if where.endswith("down.bias") and why.startswith("no gradient"):
         why = ("no gradient for this rank's copy of the row split's bias: it was added on one"
-               " rank only, so only that rank's copy takes part in the loss (stock's gradient"
-               " is whole on every rank): add bias / world_size on every rank before the sum,"
-               " as stock, or the whole bias on every rank after it")
+               " rank only, so only that rank's copy takes part in the loss, and the copies"
+               " part after the first step (stock's is one replicated bias, its gradient whole"
+               " on every rank): add bias / world_size on every rank before the sum, as stock,"
+               " or the whole bias on every rank after it")
     if "(output)" in where:  # by how much: the row split's bias, once per rank too many?
         extra = everyone[0]["yours"]["grads"][0]["(output)"] - everyone[0]["stock"]["grads"][0][
             "(output)"]
