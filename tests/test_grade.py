@@ -107,9 +107,14 @@ PLANTED = {
          "share = module.bias if True else ShareOfBias.apply(",
          "the output holds the row split's bias 2 times"),
         ("the input's gradient not summed", "return copy_to_ranks(x, group)", "return x",
-         "rank 1's gradients differ from rank 0's"),
+         "the column split's backward did not sum the ranks' input gradients"),
         ("the outputs not summed", "return sum_over_ranks(partial, group)", "return partial",
-         "rank 1's gradients differ from rank 0's"),
+         "rank 1's output differs from rank 0's, where stock's is the same on every rank: the"
+         " row split's partial outputs were not summed"),
+        ("a sum too many with sequence parallelism",
+         "            return gather_sequence(x, self.sequence_dim, group)\n",
+         "            return copy_to_ranks(gather_sequence(x, self.sequence_dim, group), group)\n",
+         "one sum too many over the ranks (copy_to_ranks where gather_sequence's backward"),
         ("the sequence not gathered", "        if self.sequence_dim is not None:\n"
          "            return gather_sequence(x, self.sequence_dim, group)\n", "",
          "the sequence was cut twice"),

@@ -122,6 +122,7 @@ def _check(student, rank, world_size, sequence):
     passed, where, why = compare(_runs(everyone, "yours"), _runs(everyone, "stock"), world_size,
                                  "stock adds each rank's share of the row split's bias before"
                                  " the sum")
+    why = _in_tp_words(why, where, world_size)
     if where.endswith("down.bias") and why.startswith("no gradient"):
         why = ("no gradient for this rank's copy of the row split's bias: it was added on one"
                " rank only, so only that rank's copy takes part in the loss, and the copies"
@@ -144,3 +145,29 @@ def _check(student, rank, world_size, sequence):
             " two round apart: add bias / world_size on each rank before the sum for stock's"
             " bits"))
     return result
+
+
+def _in_tp_words(why, where, world_size):
+    """compare()'s DDP words (an average skipped, a sum not divided) said as TP's mistakes."""
+    value = ("(output)" if "(output)" in where else
+             "(the input's gradient)" if "(the input's gradient)" in where else None)
+    if "the average was skipped" in why:
+        rank = why.split("'s gradients")[0]
+        return {"(output)": f"{rank}'s output differs from rank 0's, where stock's is the same"
+                            f" on every rank: the row split's partial outputs were not summed"
+                            f" over the ranks (sum_over_ranks; scatter_sequence with sequence"
+                            f" parallelism)",
+                "(the input's gradient)": f"{rank}'s input gradient differs from rank 0's,"
+                f" where stock's is the same on every rank: the column split's backward did"
+                f" not sum the ranks' input gradients (copy_to_ranks; gather_sequence with"
+                f" sequence parallelism)"}.get(value, f"{rank}'s gradients differ from rank"
+                                               f" 0's, where stock's are the same on every"
+                                               f" rank: a sum over the ranks is missing")
+    factor = f"{world_size:.3f}x stock's"
+    if world_size > 1 and why.startswith(factor) and "summed, not averaged" in why:
+        return (why.split(": summed, not averaged")[0] + ": the ranks' partial values summed"
+                " twice: one sum too many over the ranks (copy_to_ranks where"
+                " gather_sequence's backward already sums, or a sum_over_ranks after"
+                " scatter_sequence's reduce_scatter)")
+    return why
+
