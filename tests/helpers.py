@@ -334,7 +334,7 @@ def cli(*argv, timeout=HANG_S):
             try:
                 code = main(list(map(str, argv)))
             except SystemExit as exit_:
-                code = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
+                code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
             except Hang:
                 raise
             except Exception:  # as a process would end: its traceback, status 1

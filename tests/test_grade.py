@@ -34,6 +34,8 @@ PLANTED = {
     "sampler": [
         ("set_epoch ignored", "g.manual_seed(self.seed + self.epoch)", "g.manual_seed(self.seed)",
          "the same order every epoch"),
+        ("shuffle=False ignored", "        if self.shuffle:\n", "        if True:\n",
+         "in another order: shuffle=False keeps 0 .. n-1 in order"),
         ("a block per rank", "return iter(order[self.rank::self.num_replicas])",
          "return iter(order[self.rank * self.num_samples:][:self.num_samples])",
          "the same indices, dealt to other ranks"),
@@ -45,6 +47,10 @@ PLANTED = {
          "moved or reset torch's global random state"),
     ],
     "broadcast": [
+        ("frozen parameters skipped", "    tensors = list(module.named_parameters()) + (list(",
+         "    tensors = [(n, p) for n, p in module.named_parameters() if p.requires_grad] + (list(",
+         "still holds its own 0.bias: nothing was copied into it, in place (the optimizer"
+         " holds these very tensors) (a frozen parameter too)"),
         ("buffers skipped", "(list(module.named_buffers()) if buffers else [])", "[]",
          "still holds its own 1.running_mean"),
         ("always the last rank", "dist.broadcast(tensor, src=global_rank(group, src)",
@@ -75,6 +81,8 @@ PLANTED = {
          "torch.mul(grad, 1.0 / self.world_size ** 2, out=view)", "averaged twice"),
         ("always the first bucket", "            bucket = self.buckets[self._next_bucket]\n",
          "            bucket = self.buckets[0]\n", "the average was skipped"),
+        ("one bucket per gradient at most", "        while (self._next_bucket < len(self.buckets)",
+         "        if (self._next_bucket < len(self.buckets)", "a bucket never launched"),
     ],
     "zero": [
         ("sizes counted per group", "        for group in self.param_groups:\n"
@@ -101,6 +109,10 @@ PLANTED = {
         ("nothing reduced", "dist.reduce_scatter_single(mine, flat.view(-1), dist.ReduceOp.AVG,"
          " self.group)", "mine.copy_(flat[self.rank])",
          "rows of the gradient are its own gradient's, not the average"),
+        ("the whole weight refilled in place under autograd's eye",
+         "for r, block in enumerate(p.full.data.view(-1).split(p.block_numel)):",
+         "for r, block in enumerate(p.full.view(-1).split(p.block_numel)):",
+         "has been modified by an inplace operation"),
     ],
     "tp": [
         ("the bias on every rank", "share = None if module.bias is None else ShareOfBias.apply(",
@@ -497,6 +509,23 @@ def test_the_rank_that_says_why_is_reported_not_the_peer_that_saw_it_leave(tmp_p
     assert "invalid tensor size at index 0" in result["diagnosis"]
 
 
+def test_an_error_raised_far_from_its_cause_gets_the_usual_cause(tmp_path):
+    # autograd finds a saved tensor changed in place when the backward runs, inside torch:
+    # the grader says what usually does it (tests/test_grade.py's planted FSDP refill)
+    from minddp.grader.ranks import report
+    student = tmp_path / "fsdp.py"
+    student.write_text("")
+    (tmp_path / "rank0.error").write_text(
+        'Traceback (most recent call last):\n  File "/torch/autograd/graph.py", line 829, in'
+        " _engine_run_backward\nRuntimeError: one of the variables needed for gradient"
+        " computation has been modified by an inplace operation: [torch.FloatTensor [8, 4]]")
+    [result] = report(tmp_path, student, 2, 10, stuck=False)
+    assert result["diagnosis"].endswith(
+        "(a tensor autograd saved for the backward was changed in place after the forward used"
+        " it (e.g. a gathered weight refilled with copy_ while the graph still holds it): fill"
+        " it through .data, or make a new tensor)"), result["diagnosis"]
+
+
 def test_a_folder_of_students_files_is_one_table(tmp_path):
     lesson = (REPO / "minddp" / "ddp" / "naive.py").read_text()
     (tmp_path / "alice.py").write_text(lesson)
@@ -632,6 +661,25 @@ def test_a_group_without_rank_0_averaged_over_the_whole_world_is_named(tmp_path)
     assert failed["check"] == "3 ranks, the toy model, process_group = ranks 1..2"
     assert failed["diagnosis"] == ("0.667x stock's: divided by the whole world's size (3), not"
                                    " the group's (2): dist.get_world_size(process_group)")
+
+
+def test_zero_on_a_group_without_rank_0_is_graded_and_a_group_rank_as_src_is_caught(tmp_path):
+    lesson = (REPO / "minddp" / "zero" / "optimizer.py").read_text()
+    (tmp_path / "zero.py").write_text(lesson)
+    graded = cli("grade", tmp_path / "zero.py", "--ranks", "3", "--json")
+    assert graded.returncode == 0, graded.stdout[-3000:]
+    checks = json.loads(graded.stdout)["checks"]
+    assert any("process_group = ranks 1..2" in c["check"] and c["passed"] for c in checks)
+    mistake = "src = owner  # (the group's rank, not the global one)"
+    (tmp_path / "zero.py").write_text(lesson.replace(
+        "src = global_rank(self.process_group, owner)  # src= takes a global rank", mistake))
+    graded = cli("grade", tmp_path / "zero.py", "--ranks", "3", "--json")
+    assert graded.returncode == 1
+    [failed] = [c for c in json.loads(graded.stdout)["checks"] if not c["passed"]]
+    # the group's rank 0 taken for a global rank: global rank 0, outside the group
+    assert re.match(r"rank [12], zero\.py line \d+: works\.append\(dist\.broadcast\(p\.data",
+                    failed["where"]), failed
+    assert "Global rank 0 is not part of group" in failed["diagnosis"], failed
 
 
 def test_a_warm_up_not_clamped_to_the_microbatches_is_caught_at_3_ranks(tmp_path):

@@ -269,18 +269,19 @@ def ring_attention(student, rank, world_size):
     label = (f"{_ranks(world_size)}, the ring: output, dq, dk, dv of every rank, causal and"
              f" not, in order and zig-zag, float32 and bfloat16")
     everyone = _everyone(_ring_check(student, rank, world_size))
-    for r, record in enumerate(everyone):
-        for (causal, zigzag, index), seen in record.items():
-            shape, dtype = SHAPES[index]
-            where = (f"{_case(causal, zigzag)}, {str(dtype).replace('torch.', '')} {shape},"
-                     f" rank {r}, {seen['what']}"
-                     + (f", element {seen['at']}: yours {seen['yours']!r}, stock's"
-                        f" {seen['stock']!r}" if seen["at"] is not None else ": another shape"))
-            results.append(_result(label, False, where,
-                                   _ring_why(seen, results[1]["passed"])))
-            return results
-    results.append(_result(label, True))
-    return results
+    apart = [(r, key, seen) for r, record in enumerate(everyone) for key, seen in record.items()]
+    # an output apart on any rank first: a rank whose output is right and gradients not may
+    # only have received another rank's wrong block in the backward
+    apart.sort(key=lambda hit: hit[2]["what"] != "the output")  # (stable: rank order kept)
+    if not apart:
+        return results + [_result(label, True)]
+    r, (causal, zigzag, index), seen = apart[0]
+    shape, dtype = SHAPES[index]
+    where = (f"{_case(causal, zigzag)}, {str(dtype).replace('torch.', '')} {shape},"
+             f" rank {r}, {seen['what']}"
+             + (f", element {seen['at']}: yours {seen['yours']!r}, stock's"
+                f" {seen['stock']!r}" if seen["at"] is not None else ": another shape"))
+    return results + [_result(label, False, where, _ring_why(seen, results[1]["passed"]))]
 
 
 def _ring_why(seen, parts_right):

@@ -14,11 +14,34 @@ import copy
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from .diagnosis import compare
 from .bound import judge, right_ways
-from .training import MODELS, STEPS, _everyone, _np, _ranks, _result, _runs, _train
+from .training import MODELS, STEPS, _everyone, _np, _ranks, _result, _runs, _train, toy_batch
+
+
+class TakesTurns(torch.nn.Module):
+    """Two branches whose order swaps every forward, and so their gradients' order in each
+    backward: after the first backward the buckets are laid out in one order (stock's
+    rebuild), and every other step the gradients arrive in the other."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.head = (torch.nn.Linear(2, 30), torch.nn.Linear(2, 30),
+                                     torch.nn.Linear(30, 2))
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        first, second = (self.a, self.b) if self.calls % 2 else (self.b, self.a)
+        y = first(x)  # (autograd runs the later one's backward first)
+        return self.head(torch.relu(second(x) + y))
+
+
+OUT_OF_ORDER = ("branches that take turns", TakesTurns, "SGD",
+                lambda ps: torch.optim.SGD(ps, lr=0.5), toy_batch, F.cross_entropy)
 
 
 def _run(student, cls_name, rank, model_spec, group=None, micro=False, **kwargs):
@@ -70,6 +93,15 @@ def ddp(student, rank, world_size, cls_name, order_note):
         everyone = _everyone(_run(student, cls_name, rank, lm, bucket_cap_mb=0.004))
         results.append(_verdict(f"{_ranks(world_size)}, {lm[0]}, {lm[2]}, bucket_cap_mb=0.004"
                                 f" (several buckets)", everyone, order_note))
+        # every other step a later bucket is complete first: it waits for the one before it
+        everyone = _everyone(_run(student, cls_name, rank, OUT_OF_ORDER, bucket_cap_mb=0.0002))
+        result = _verdict(f"{_ranks(world_size)}, {OUT_OF_ORDER[0]}, bucket_cap_mb=0.0002 (the"
+                          f" gradients' order changes every step)", everyone, order_note)
+        if "the average was skipped" in result["diagnosis"] and all(r["passed"] for r in results):
+            result["diagnosis"] += ("; only here, so a bucket never launched: when one"
+                                    " gradient completes several buckets, launch each of them,"
+                                    " in bucket order")
+        results.append(result)
     toy = MODELS[0]
     everyone = _everyone(_run(student, cls_name, rank, toy, micro=True))
     check = f"{_ranks(world_size)}, {toy[0]}, step 1 in two halves, the first under no_sync()"

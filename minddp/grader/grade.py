@@ -90,9 +90,10 @@ def grade(file, name, ranks, timeout):
         left = ranks[i + 1:]
         if left and results[-1].get("stuck"):
             # a hang costs the student one --timeout, not one per world size
-            results.append({"check": f"{', '.join(map(str, left))} ranks: not run", "passed": False,
-                            "where": "", "diagnosis": f"the {world_size} ranks above never"
-                            f" finished: fix that first (each world size would wait as long)"})
+            results.append({"check": f"{', '.join(map(str, left))} ranks: not run",
+                            "passed": False, "where": "", "diagnosis": f"the {world_size} ranks"
+                            f" above never finished: fix that first (each world size would"
+                            f" wait as long)"})
             break
     return results
 

@@ -37,7 +37,7 @@ def sampler(student, rank, world_size):
                             seen[who, n, seed, epoch] = list(s)
             everyone = _everyone(seen)
             label = f"{_ranks(world_size)}, shuffle={shuffle}, drop_last={drop_last}"
-            results.append(_result(label, *_sampler_verdict(everyone, world_size)))
+            results.append(_result(label, *_sampler_verdict(everyone, world_size, shuffle)))
     # Stock draws from a generator of its own: the training's random numbers (dropout,
     # augmentation, initialisation) are the same whether or not a sampler ran.
     before = torch.get_rng_state()
@@ -54,7 +54,7 @@ def sampler(student, rank, world_size):
     return results
 
 
-def _sampler_verdict(everyone, world_size):
+def _sampler_verdict(everyone, world_size, shuffle):
     for n in SIZES:
         for seed in (0, 3):
             for epoch in range(3):
@@ -67,11 +67,12 @@ def _sampler_verdict(everyone, world_size):
                               min(len(yours), len(stock)))
                     where = (f"{n} examples, seed {seed}, epoch {epoch}, rank {rank}, position"
                              f" {at}: yours {yours[at:at + 3]}..., stock's {stock[at:at + 3]}...")
-                    return False, where, _sampler_why(everyone, world_size, n, seed, epoch, rank)
+                    return False, where, _sampler_why(everyone, world_size, n, seed, epoch, rank,
+                                                      shuffle)
     return True, "", ""
 
 
-def _sampler_why(everyone, world_size, n, seed, epoch, rank):
+def _sampler_why(everyone, world_size, n, seed, epoch, rank, shuffle):
     def all_ranks(who, e):
         return [everyone[r][who, n, seed, e] for r in range(world_size)]
     yours, stock = all_ranks("yours", epoch), all_ranks("stock", epoch)
@@ -82,9 +83,16 @@ def _sampler_why(everyone, world_size, n, seed, epoch, rank):
         return (f"rank {rank} gets {len(yours[rank])} indices, stock's {len(stock[rank])}:"
                 f" every rank must get as many (pad by cycling from the start, or with"
                 f" drop_last cut the tail), or a rank waits in a collective forever")
-    if sorted(sum(yours, [])) == sorted(sum(stock, [])):
+    order = ("shuffled by torch.randperm(n) with a generator seeded seed + epoch, before the"
+             " padding and the dealing" if shuffle else "shuffle=False keeps 0 .. n-1 in order")
+    if all(sorted(a) == sorted(b) for a, b in zip(yours, stock)):
+        return f"each rank gets stock's indices, in another order: {order}"
+    stocks_order = [stock[i % world_size][i // world_size] for i in range(sum(map(len, stock)))]
+    if sum(yours, []) == stocks_order:
         return ("the same indices, dealt to other ranks: stock deals positions rank,"
                 " rank + num_replicas, rank + 2 * num_replicas, ... (not a block per rank)")
+    if set(sum(yours, [])) == set(stocks_order):  # (what pads it follows the order)
+        return f"the same indices over all ranks, in another order: {order}"
     return ("other indices than stock's: the order (torch.randperm(n) with a generator seeded"
             " seed + epoch; 0 .. n-1 without shuffle) or what pads it")
 
@@ -103,19 +111,21 @@ def broadcast(student, rank, world_size):
         torch.manual_seed(rank)  # every rank its own values
         model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
         model[1].running_mean.fill_(rank)
+        model[0].bias.requires_grad_(False)  # frozen: stock's DDP broadcasts it too
         before = {n: t.clone() for n, t in model.state_dict().items()}
         if rank in members:
             student.broadcast_parameters(model, **kwargs)
         after = {n: t.clone() for n, t in model.state_dict().items()}
         everyone = _everyone((before, after))
         src = members[kwargs["src"]]  # the group rank's global rank
+        frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
         verdict = _broadcast_verdict(everyone, members, src, kwargs.get("buffers", True),
-                                     dict(model.named_buffers()))
+                                     dict(model.named_buffers()), frozen)
         results.append(_result(f"{_ranks(world_size)}, {label}", *verdict))
     return results
 
 
-def _broadcast_verdict(everyone, members, src, buffers, buffer_names):
+def _broadcast_verdict(everyone, members, src, buffers, buffer_names, frozen):
     for rank in members:
         before, after = everyone[rank]
         for name, value in after.items():
@@ -132,7 +142,9 @@ def _broadcast_verdict(everyone, members, src, buffers, buffer_names):
                 return False, where, (f"rank {rank} still holds its own {name}: nothing was"
                                       f" copied into it, in place (the optimizer holds these"
                                       f" very tensors)" + (" (buffers count too)"
-                                                            if is_buffer else ""))
+                                                            if is_buffer else
+                                                            " (a frozen parameter too)"
+                                                            if name in frozen else ""))
             if holder is not None:
                 return False, where, (f"rank {rank} holds rank {holder}'s {name}, not rank"
                                       f" {src}'s: src is a rank of the group; send it with its"

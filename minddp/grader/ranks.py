@@ -27,6 +27,10 @@ STARTING_S = 600  # the most a rank may take to import torch and join the group
 # peer's own error says why, or, if it has none, the rank was waiting for a collective that
 # never completed: the same report as a rank still waiting at the time limit, whichever
 # rank notices first.
+# torch's errors whose cause lies far from where they are raised: what usually causes them
+HINTS = {"modified by an inplace operation": "a tensor autograd saved for the backward was"
+         " changed in place after the forward used it (e.g. a gathered weight refilled with"
+         " copy_ while the graph still holds it): fill it through .data, or make a new tensor"}
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
@@ -145,7 +149,8 @@ def _exception(label, error_file, file):
     if what.startswith("NotImplementedError: TODO"):
         what = f"not written yet: {what.split('TODO: ')[1]} still raises NotImplementedError"
     else:
-        what = f"an exception: {what}"
+        what = f"an exception: {what}" + next((f" ({hint})" for said, hint in HINTS.items()
+                                               if said in what), "")
     return {"check": f"{label}: the run", "passed": False, "where": where, "diagnosis": what}
 
 

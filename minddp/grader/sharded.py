@@ -12,6 +12,7 @@ import copy
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 # Stock's references, imported before any process group exists: importing
 # torch.distributed.optim after init_process_group keeps the group alive past its destroy.
@@ -36,16 +37,22 @@ def zero(student, rank, world_size):
     results = []
     cases = [(label, build, batch, loss_fn, False) for label, build, _, _, batch, loss_fn in MODELS]
     cases.append((MODELS[1][0] + ", two parameter groups", *MODELS[1][1:2], *MODELS[1][4:], True))
+    if world_size >= 3:  # a process group without rank 0: its ranks only, its own ranks
+        cases.append((MODELS[0][0] + f", process_group = ranks 1..{world_size - 1} (ranks"
+                      f" below: the group's)", *MODELS[0][1:2], *MODELS[0][4:], "subgroup"))
     for label, build, batch, loss_fn, grouped in cases:
-        record = {}
-        for who in ("stock", "yours"):
+        group = dist.new_group(list(range(1, world_size))) if grouped == "subgroup" else None
+        record = None if group is not None and rank == 0 else {}  # rank 0: not in the group
+        for who in ("stock", "yours") if record is not None else ():
             torch.manual_seed(0)
-            model = DistributedDataParallel(build())
+            model = DistributedDataParallel(build(), process_group=group)
             params = [p for p in model.parameters() if p.requires_grad]
-            given = _two_groups(params) if grouped else params
-            optimizer = (student.ShardedOptimizer(given, torch.optim.AdamW, lr=1e-2)
+            given = _two_groups(params) if grouped is True else params
+            optimizer = (student.ShardedOptimizer(given, torch.optim.AdamW, process_group=group,
+                                                  lr=1e-2)
                          if who == "yours" else ZeroRedundancyOptimizer(
-                             given, optimizer_class=torch.optim.AdamW, lr=1e-2))
+                             given, optimizer_class=torch.optim.AdamW, process_group=group,
+                             lr=1e-2))
             weights = []
             for step in range(STEPS):
                 x, y = batch(rank, step)
@@ -56,8 +63,11 @@ def zero(student, rank, world_size):
             held = sorted(i for i, p in enumerate(params) if p in optimizer.optim.state)
             record[who] = {"weights": weights, "held": held, "given": len(params)}
         everyone = _everyone(record)
+        if group is not None:
+            everyone = everyone[1:]  # the group's ranks, in its order
+            dist.destroy_process_group(group)
         results.append(_result(f"{_ranks(world_size)}, {label}, AdamW over the shards",
-                               *_zero_verdict(everyone, world_size)))
+                               *_zero_verdict(everyone, len(everyone))))
     return results
 
 
