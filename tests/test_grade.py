@@ -36,6 +36,9 @@ PLANTED = {
          "the same order every epoch"),
         ("shuffle=False ignored", "        if self.shuffle:\n", "        if True:\n",
          "in another order: shuffle=False keeps 0 .. n-1 in order"),
+        ("padded from the end", "order = [order[i % n] for i in range(self.total_size)]",
+         "order = (order + order[::-1] * self.total_size)[:self.total_size]",
+         "the order is stock's, what pads it is not"),
         ("a block per rank", "return iter(order[self.rank::self.num_replicas])",
          "return iter(order[self.rank * self.num_samples:][:self.num_samples])",
          "the same indices, dealt to other ranks"),
@@ -437,12 +440,17 @@ def test_an_exception_is_reported_at_its_line_in_the_students_file(tmp_path):
         in result.stdout, result.stdout
 
 
-def test_a_collective_that_never_completes_names_where_each_rank_waits(tmp_path):
+def _naive_before_its_all_reduce(tmp_path, lines):
+    """naive.py with `lines` in place of the test before its all_reduce, as a student's file."""
     path = tmp_path / "naive.py"
     path.write_text((REPO / "minddp" / "ddp" / "naive.py").read_text().replace(
-        "        if self.world_size > 1:\n            # Blocking",
-        "        if self.world_size > 1 and dist.get_rank() == 1:  # rank 1 only\n"
-        "            # Blocking"))
+        "        if self.world_size > 1:\n            # Blocking", lines + "            # Blocking"))
+    return path
+
+
+def test_a_collective_that_never_completes_names_where_each_rank_waits(tmp_path):
+    path = _naive_before_its_all_reduce(
+        tmp_path, "        if self.world_size > 1 and dist.get_rank() == 1:  # rank 1 only\n")
     result = cli("grade", str(path), "--ranks", "2", "3", "4", "--timeout", "10")
     assert result.returncode == 1, result.stderr[-2000:]
     line = path.read_text().splitlines().index(
@@ -455,11 +463,9 @@ def test_a_collective_that_never_completes_names_where_each_rank_waits(tmp_path)
 
 
 def test_a_loop_that_never_ends_is_named_at_its_line_not_blamed_on_a_collective(tmp_path):
-    path = tmp_path / "naive.py"
-    path.write_text((REPO / "minddp" / "ddp" / "naive.py").read_text().replace(
-        "        if self.world_size > 1:\n            # Blocking",
-        "        while param is not None:  # a loop that never ends\n            pass\n"
-        "        if self.world_size > 1:\n            # Blocking"))
+    path = _naive_before_its_all_reduce(
+        tmp_path, "        while param is not None:  # a loop that never ends\n            pass\n"
+        "        if self.world_size > 1:\n")
     result = cli("grade", path, "--ranks", "2", "--timeout", "3")
     assert result.returncode == 1, result.stderr[-2000:]
     line = path.read_text().splitlines().index("            pass") + 1

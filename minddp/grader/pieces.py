@@ -91,7 +91,12 @@ def _sampler_why(everyone, world_size, n, seed, epoch, rank, shuffle):
     if sum(yours, []) == stocks_order:
         return ("the same indices, dealt to other ranks: stock deals positions rank,"
                 " rank + num_replicas, rank + 2 * num_replicas, ... (not a block per rank)")
-    if set(sum(yours, [])) == set(stocks_order):  # (what pads it follows the order)
+    if len({len(y) for y in yours}) == 1:  # dealt as stock deals: the order it was dealt from
+        dealt = [yours[i % world_size][i // world_size] for i in range(sum(map(len, yours)))]
+        if dealt[:n] == stocks_order[:n]:
+            return ("the order is stock's, what pads it is not: stock pads to total_size by"
+                    " cycling from the start of the order (position i takes order[i % n])")
+    if set(sum(yours, [])) == set(stocks_order):
         return f"the same indices over all ranks, in another order: {order}"
     return ("other indices than stock's: the order (torch.randperm(n) with a generator seeded"
             " seed + epoch; 0 .. n-1 without shuffle) or what pads it")
