@@ -12,7 +12,9 @@ import contextlib
 import importlib.util
 import io
 import os
+import runpy
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -352,6 +354,81 @@ def _read(file):
     file.flush()
     file.seek(0)
     return file.read()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun_worker(script, argv, environ, out_file, err_file):
+    """One worker as torchrun starts it: torchrun's environment, sys.argv, the script run as
+    __main__, its output unbuffered into the run's files (as PYTHONUNBUFFERED=1 gives)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))  # read at torch's import, there
+    for fd, name in ((1, out_file), (2, err_file)):
+        os.dup2(os.open(name, os.O_WRONLY | os.O_APPEND), fd)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+    sys.argv, sys.path[0] = [str(script), *argv], str(Path(script).parent)
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exit_:
+        code = exit_.code
+        if code not in (None, 0):
+            if not isinstance(code, int):
+                print(code, file=sys.stderr)
+            sys.exit(code if isinstance(code, int) else 1)
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(1)
+
+
+def warm_torchrun(nproc, script, *args, timeout=HANG_S):
+    """What `torchrun --standalone --nproc_per_node=N script args` runs, with ranks forked warm
+    (run/warm.py): each worker gets the environment torchrun's agent gives it (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT, ...) and runs the script as __main__; their output goes to one
+    stdout and one stderr, as under torchrun. Only the agent is missing, and with it the
+    interpreter's start, torch's import and the interpreter's exit: a run of a test that
+    compares what the script computes, not how torchrun starts and ends it (torchrun() does).
+    The result: returncode (0, or the first failed rank's), stdout, stderr."""
+    port, ctx = _free_port(), warm.context()
+    base = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nproc),
+                LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0", GROUP_WORLD_SIZE="1",
+                ROLE_NAME="default", ROLE_WORLD_SIZE=str(nproc), TORCHELASTIC_RESTART_COUNT="0",
+                TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID=uuid.uuid4().hex,
+                TORCHELASTIC_USE_AGENT_STORE="False")
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        out.touch(), err.touch()
+        procs = [ctx.Process(target=_torchrun_worker, args=(
+            script, list(map(str, args)), dict(base, RANK=str(r), LOCAL_RANK=str(r),
+                                               ROLE_RANK=str(r)), str(out), str(err)))
+                 for r in range(nproc)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        try:
+            while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    break  # one worker failed: torchrun stops the others
+                time.sleep(0.02)
+            timed_out = any(p.is_alive() for p in procs) and time.monotonic() >= deadline
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                p.join()
+        stdout, stderr = out.read_text(), err.read_text()
+    cmd = ["torchrun", f"--nproc_per_node={nproc}", str(script), *map(str, args)]
+    if timed_out:
+        raise Hang(f"{' '.join(cmd)} (warm) still running after {timeout}s (a hang?); killed\n"
+                   f"{stdout[-2000:]}\n{stderr[-2000:]}", None, stdout, stderr)
+    code = next((p.exitcode for p in procs if p.exitcode != 0), 0)
+    return subprocess.CompletedProcess(cmd, 1 if code < 0 else code, stdout, stderr)
 
 
 def torchrun(nproc, script, *args, timeout=HANG_S, launcher=(), gpu=False, until=()):

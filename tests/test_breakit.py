@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from helpers import REPO, run, share_spawn, shared_results, torchrun
+from helpers import REPO, run, share_spawn, shared_results, torchrun, warm_torchrun
 from minddp import ReplicaError, UsageError, check_replicas
 
 BREAK = REPO / "examples" / "break_ddp.py"
@@ -97,7 +97,7 @@ def test_break_mistakes_are_one_line_and_a_hint(args, message):
 
 
 def test_lesson_example_checks_replicas_every_step():
-    result = torchrun(2, REPO / "examples" / "manual_ddp.py", "--check-replicas")
+    result = warm_torchrun(2, REPO / "examples" / "manual_ddp.py", "--check-replicas")
     assert result.returncode == 0 and "Test accuracy 1.0" in result.stdout, result.stderr[-2000:]
 
 
@@ -164,8 +164,8 @@ def _any_numbers(line):
 
 def test_tp_breaks_show_their_damage(tmp_path):
     # 2 ranks: each break against stock's parallelize_module, measured (examples/break_tp.py).
-    result = torchrun(2, REPO / "examples" / "break_tp.py", "--break", "all", "--grad-table",
-                      tmp_path / "btp.txt")
+    result = warm_torchrun(2, REPO / "examples" / "break_tp.py", "--break", "all",
+                           "--grad-table", tmp_path / "btp.txt")
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines()  # less "gradient table: ..." lines
              if line.startswith(("--break", "    "))]
@@ -204,7 +204,8 @@ def test_pp_breaks_show_their_damage(tmp_path):
     # named a factor of 4 (the microbatches) by the diff tool; a deadlocking order ends
     # within --timeout on both stages, each naming itself.
     script = REPO / "examples" / "break_pp.py"
-    result = torchrun(2, script, "--break", "loss-undivided", "--grad-table", tmp_path / "b.txt")
+    result = warm_torchrun(2, script, "--break", "loss-undivided", "--grad-table",
+                           tmp_path / "b.txt")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "outlived ddp_teardown" not in result.stdout  # the stages' own group is gone too
     for stage in (0, 1):
@@ -228,7 +229,7 @@ def test_pp_breaks_show_their_damage(tmp_path):
     # refused at that W, on the last stage's rank, in one line; ZBV's order on a loop's
     # stages is a cycle (rank 0 waits for stage 3's gradient, rank 1 for stage 2's forward),
     # a hang both ranks name when --timeout runs out.
-    result = torchrun(2, script, "--break", "w-before-i")
+    result = warm_torchrun(2, script, "--break", "w-before-i")
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "[rank1] error: stage 3: W0 before I0: the weights' gradients start from what I" \

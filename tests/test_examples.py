@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, run, torchrun
+from helpers import REPO, run, torchrun, warm_torchrun
 
 STOCK, MANUAL = REPO / "examples" / "stock_ddp.py", REPO / "examples" / "manual_ddp.py"
 ACCUMULATE = REPO / "examples" / "accumulate.py"
@@ -111,11 +111,17 @@ def test_fsdp_example_equals_stock_fully_shard_and_stock_ddp(launch):
 
 
 def test_timeline_recording_changes_no_gradient(launch, tmp_path):
-    (_, plain) = launch(MANUAL, 2)
+    # The real torchrun, beside the warm workers `launch` forks (helpers.warm_torchrun): the
+    # same gradients, bit for bit, and the same lines printed, the table's own line apart.
+    (warm, plain) = launch(MANUAL, 2)
     traced = tmp_path / "traced.txt"
     result = torchrun(2, MANUAL, "--grad-table", traced, "--timeline", tmp_path / "t.json")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "verdict: IDENTICAL" in diff(traced, plain).stdout
+    printed = [sorted(line for line in run_.stdout.splitlines()
+                      if not line.startswith(("gradient table:", "timeline:")))
+               for run_ in (result, warm)]
+    assert printed[0] == printed[1] and len(printed[0]) >= 9, printed
     events = json.load(open(tmp_path / "t.json"))["traceEvents"]
     assert {e["pid"] for e in events} == {0, 1} and any(e["name"] == "bucket 0" for e in events)
 
@@ -130,7 +136,7 @@ def test_diff_finds_a_run_with_another_seed(launch):
 
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_losses_equal_the_lessons_script(launch, nproc):
-    lesson = torchrun(nproc, LESSON)
+    lesson = warm_torchrun(nproc, LESSON)
     assert lesson.returncode == 0, lesson.stderr
     expected = losses(lesson.stdout)
     assert sorted(expected) == list(range(nproc)) and all(len(v) == 6 // nproc for v in expected.values())
@@ -172,7 +178,7 @@ def test_nccl_without_cuda_fails_fast_with_a_hint():  # the helpers hide any GPU
 
 def test_zero_batches_fails_fast_and_the_hint_works():
     # The lesson's numbers: 6 ranks share 5 examples, 1 each, under one batch of 2.
-    result = torchrun(6, MANUAL, "--epochs", "1")
+    result = warm_torchrun(6, MANUAL, "--epochs", "1")
     assert result.returncode != 0
     assert result.stderr.count("error: each rank gets 1 example(s) of 5 at world size 6") == 1
     assert "--factor" in result.stderr

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers import REPO, share_spawn, shared_results, torchrun
+from helpers import REPO, share_spawn, shared_results, torchrun, warm_torchrun
 from minddp import ManualDDP, UsageError
 
 
@@ -101,7 +101,7 @@ def test_the_uneven_example_without_join_ends_with_the_cause_and_with_join_train
                 rf" took different numbers of steps")
         assert re.search(said, hung.stderr), hung.stderr[-2000:]
     assert hung.stderr.count("or train inside `with model.join():` (--join)") == 2
-    joined = torchrun(2, REPO / "examples" / "uneven.py", "--join")
+    joined = warm_torchrun(2, REPO / "examples" / "uneven.py", "--join")
     assert joined.returncode == 0, joined.stderr[-2000:]
     assert "steps per rank: rank 0: 3, rank 1: 4" in joined.stdout
     assert "replicas identical after join()" in joined.stdout
