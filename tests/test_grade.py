@@ -23,6 +23,7 @@ import pytest
 
 from helpers import REPO, cli, run, share_spawn, shared_results
 from corpus import RIGHT
+from corpus_wrong import WRONG
 from minddp.grader.exercises import EXERCISES, solution, starting_file
 from minddp.grader.student import load
 # (imported here, before the spawned ranks start their group: the checks import
@@ -338,9 +339,21 @@ def _sources():
 
 def _grade(rank, world_size):
     """Every source's checks at this world size: {(exercise, what): results}."""
+    return _graded(_sources(), rank, world_size)
+
+
+def _written_wrong(rank, world_size):
+    """tests/corpus_wrong.py's solutions whose mistake shows at this world size, each failing
+    alike on every rank: {(exercise, solution): results}."""
+    return _graded({(name, label): solution(name, wrong["bodies"])
+                    for name, solutions in WRONG.items() for label, wrong in solutions.items()
+                    if wrong["ranks"] == world_size and not wrong["alone"]}, rank, world_size)
+
+
+def _graded(sources, rank, world_size):
     graded = {}
     with tempfile.TemporaryDirectory() as directory:  # this rank's own copies
-        for i, ((name, what), source) in enumerate(sorted(_sources().items())):
+        for i, ((name, what), source) in enumerate(sorted(sources.items())):
             path = pathlib.Path(directory, f"{i}", f"{name}.py")
             path.parent.mkdir()
             path.write_text(source)
@@ -354,6 +367,7 @@ def _grade(rank, world_size):
 
 
 share_spawn(_grade, [2])
+share_spawn(_written_wrong, [1, 2, 3, 4])
 
 
 @pytest.mark.parametrize("name", list(EXERCISES))
@@ -389,6 +403,44 @@ def test_a_planted_mistake_is_named(name, mistake, said):
         assert said in failed[0]["diagnosis"], (rank, failed[0])
 
 
+@pytest.mark.parametrize("name,label", [(name, label) for name, solutions in WRONG.items()
+                                         for label, wrong in solutions.items()
+                                         if not wrong["alone"]])
+def test_a_wrong_solution_written_from_the_todos_fails_saying_what(name, label):
+    # tests/corpus_wrong.py: at the world size its mistake shows at
+    wrong = WRONG[name][label]
+    for rank, graded in enumerate(shared_results(_written_wrong, wrong["ranks"])):
+        failed = [r for r in graded[name, label] if not r["passed"]]
+        assert failed, (rank, label, "passed every check")
+        assert wrong["said"] in failed[0]["diagnosis"], (rank, label, failed[0])
+
+
+HANGS = ("never completed", "never finished")  # what a hang's diagnosis says
+
+
+@pytest.mark.parametrize("name", sorted({name for name, solutions in WRONG.items()
+                                         for wrong in solutions.values() if wrong["alone"]}))
+def test_a_wrong_solution_that_raises_on_some_ranks_or_hangs_fails_saying_what(tmp_path, name):
+    # Graded as a teacher grades a folder, one command per world size: one that hangs gets a
+    # short --timeout, the others the default, so that a loaded machine never reads as a hang.
+    groups = {}
+    for label, wrong in WRONG[name].items():
+        if wrong["alone"]:
+            hangs = wrong["said"] in HANGS
+            folder = tmp_path / f"{wrong['ranks']}-{hangs}"
+            folder.mkdir(exist_ok=True)
+            (folder / f"{label}.py").write_text(solution(name, wrong["bodies"]))
+            groups[folder] = wrong["ranks"], hangs
+    for folder, (ranks, hangs) in groups.items():
+        result = cli("grade", folder, "--exercise", name, "--ranks", ranks, "--json",
+                     *(["--timeout", "3"] if hangs else []))
+        for graded in json.loads(result.stdout)["files"]:
+            label = pathlib.Path(graded["file"]).stem
+            failed = [c for c in graded["checks"] if not c["passed"]]
+            assert failed, (label, "passed every check")
+            assert WRONG[name][label]["said"] in failed[0]["diagnosis"], (label, failed[0])
+
+
 def _planted(tmp_path, name, mistake, folder="planted"):
     """The lesson with one planted mistake, written as a student's file."""
     exercise = EXERCISES[name]
@@ -409,7 +461,7 @@ def test_grading_a_lesson_as_a_student_does_passes_and_exits_0():
     # at 3 ranks one all_reduce per parameter adds in another order than stock's buckets:
     # right, within the rounding bound, not stock's bits; the subgroup check passes
     assert "  3 ranks, the toy model, process_group = ranks 1..2: passed" in result.stdout
-    assert result.stdout.splitlines()[-1] == ("verdict: 10 of 10 checks passed (3 correct, not"
+    assert result.stdout.splitlines()[-1] == ("verdict: 13 of 13 checks passed (3 correct, not"
                                               " stock's bits)")
 
 
@@ -496,7 +548,7 @@ def test_a_hang_is_reported_alike_whichever_rank_notices_first(tmp_path, race):
         (tmp_path / "rank1.error").write_text(PEER_LEFT.format(file=student.resolve()))
     if race == "both ranks saw the peer leave":
         (tmp_path / "rank0.error").write_text(PEER_LEFT.format(file=student.resolve()))
-    [result] = report(tmp_path, student, 2, 10, stuck=race == "rank 1 still waits at the limit")
+    [result] = report(tmp_path, student, "naive", 2, 10, stuck=race == "rank 1 still waits at the limit")
     assert result["where"] == "rank 0 in none; rank 1 waits in all_reduce (naive.py line 7)"
     assert result["diagnosis"].startswith("a collective that never completed within 10 s")
 
@@ -510,7 +562,7 @@ def test_the_rank_that_says_why_is_reported_not_the_peer_that_saw_it_leave(tmp_p
         f'Traceback (most recent call last):\n  File "{student.resolve()}", line 9, in gather\n'
         "    dist.all_gather(parts, mine)\nRuntimeError: ProcessGroupGloo::allgather: invalid"
         " tensor size at index 0 (expected (4), got (3))")
-    [result] = report(tmp_path, student, 2, 10, stuck=False)
+    [result] = report(tmp_path, student, "naive", 2, 10, stuck=False)
     assert result["where"] == "rank 1, sharded.py line 9: dist.all_gather(parts, mine)"
     assert "invalid tensor size at index 0" in result["diagnosis"]
 
@@ -525,7 +577,7 @@ def test_an_error_raised_far_from_its_cause_gets_the_usual_cause(tmp_path):
         'Traceback (most recent call last):\n  File "/torch/autograd/graph.py", line 829, in'
         " _engine_run_backward\nRuntimeError: one of the variables needed for gradient"
         " computation has been modified by an inplace operation: [torch.FloatTensor [8, 4]]")
-    [result] = report(tmp_path, student, 2, 10, stuck=False)
+    [result] = report(tmp_path, student, "naive", 2, 10, stuck=False)
     assert result["diagnosis"].endswith(
         "(a tensor autograd saved for the backward was changed in place after the forward used"
         " it (e.g. a gathered weight refilled with copy_ while the graph still holds it): fill"

@@ -40,6 +40,51 @@ class TakesTurns(torch.nn.Module):
         return self.head(torch.relu(second(x) + y))
 
 
+class Unused(torch.nn.Module):
+    """A layer the forward never calls: its parameters get no gradient, on every rank."""
+
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def _in_bucket_order(launched):
+    """{} if each backward launched its buckets 0, 1, 2, ... (stock's order), else the failure:
+    the same numbers here, but ranks whose gradients arrive in other orders would pair their
+    all_reduces with other buckets'. launched: [each backward's positions, in launch order]."""
+    for step, mine in enumerate(launched):
+        if mine != sorted(mine):
+            later = next(p for p, q in zip(mine, sorted(mine)) if p != q)
+            return dict(passed=False, outcome="failed", where=f"backward {step}: yours launched"
+                        f" buckets {mine}", diagnosis=f"bucket {later} launched before bucket"
+                        f" {min(mine[mine.index(later):])}: stock launches strictly in bucket"
+                        f" order, a complete bucket waiting for the ones before it, so that each"
+                        f" rank's all_reduces pair with the same buckets even where their"
+                        f" gradients arrive in other orders")
+    return {}
+
+
+def _refuses_a_missing_gradient(student, cls_name, rank, world_size):
+    """Stock's DDP refuses a parameter that got no gradient (its next forward raises
+    "Expected to have finished reduction in the prior iteration"): the student's must
+    refuse too, not train on with that gradient never averaged."""
+    check = f"{_ranks(world_size)}, a layer the forward never uses (no gradient for it)"
+    model = getattr(student, cls_name)(Unused())
+    x, y = toy_batch(rank, 0)
+    try:
+        for _ in range(2):
+            F.cross_entropy(model(x), y).backward()
+    except Exception:  # refused (on every rank alike: each has the unused layer)
+        return _result(check, True)
+    return _result(check, False, "steps 0 and 1", "unused.weight and unused.bias got no"
+                   " gradient, and yours trained on: stock's refuses (its next forward raises);"
+                   " register the end-of-backward check on the first gradient, note each"
+                   " parameter that arrives, and raise there for the ones that did not")
+
+
 OUT_OF_ORDER = ("branches that take turns", TakesTurns, "SGD",
                 lambda ps: torch.optim.SGD(ps, lr=0.5), toy_batch, F.cross_entropy)
 
@@ -94,13 +139,30 @@ def ddp(student, rank, world_size, cls_name, order_note):
         results.append(_verdict(f"{_ranks(world_size)}, {lm[0]}, {lm[2]}, bucket_cap_mb=0.004"
                                 f" (several buckets)", everyone, order_note))
         # every other step a later bucket is complete first: it waits for the one before it
-        everyone = _everyone(_run(student, cls_name, rank, OUT_OF_ORDER, bucket_cap_mb=0.0002))
+        cls, launched = getattr(student, cls_name), [[]]
+        reduce, end = cls._reduce_bucket, cls._end_of_backward
+
+        def recorded(self, bucket, position):  # the order _mark_ready launches the buckets
+            launched[-1].append(position)
+            return reduce(self, bucket, position)
+
+        def ended(self):
+            launched.append([])
+            return end(self)
+        cls._reduce_bucket, cls._end_of_backward = recorded, ended
+        try:
+            everyone = _everyone(_run(student, cls_name, rank, OUT_OF_ORDER,
+                                      bucket_cap_mb=0.0002))
+        finally:
+            cls._reduce_bucket, cls._end_of_backward = reduce, end
         result = _verdict(f"{_ranks(world_size)}, {OUT_OF_ORDER[0]}, bucket_cap_mb=0.0002 (the"
                           f" gradients' order changes every step)", everyone, order_note)
         if "the average was skipped" in result["diagnosis"] and all(r["passed"] for r in results):
             result["diagnosis"] += ("; only here, so a bucket never launched: when one"
                                     " gradient completes several buckets, launch each of them,"
                                     " in bucket order")
+        if result["passed"]:
+            result.update(_in_bucket_order(launched))
         results.append(result)
     toy = MODELS[0]
     everyone = _everyone(_run(student, cls_name, rank, toy, micro=True))
@@ -114,6 +176,7 @@ def ddp(student, rank, world_size, cls_name, order_note):
                                " backward averages the sum)"))
     else:
         results.append(_verdict(check, everyone, order_note))
+    results.append(_refuses_a_missing_gradient(student, cls_name, rank, world_size))
     if world_size >= 3:  # a process group without rank 0: its ranks only, its own size
         group = dist.new_group(list(range(1, world_size)))
         mine = _run(student, cls_name, rank, toy, group=group) if rank else None

@@ -411,7 +411,33 @@ def recompute(student, rank, world_size):
         case, (where, why) = failed
         results.append(_result(label, False, f"{_case_label(case)}: {where}",
                                _recompute_why(case, why, cases, verdicts)))
+    results.append(_refuses_an_argument_changed(student, world_size))
     return results
+
+
+def _refuses_an_argument_changed(student, world_size):
+    """An argument changed in place between the forward and the backward: stock's refuses
+    (autograd's version check), for the second forward would run on other numbers."""
+    label = f"{_ranks(world_size)}, an argument changed in place after the forward"
+    refused = []
+    for how in (functools.partial(stock_checkpoint, use_reentrant=False), student.checkpoint):
+        torch.manual_seed(0)
+        model, x = MODELS["a residual MLP"][0](0.0), torch.randn(6, 8)
+        y = how(model, x)
+        x.add_(1.0)
+        try:
+            y.square().mean().backward()
+            refused.append(False)
+        except RuntimeError:
+            refused.append(True)
+    if refused == [True, True]:
+        return _result(label, True)
+    return _result(label, False, "x.add_(1.0) between checkpoint(model, x) and backward",
+                   "the argument changed in place, and yours ran the second forward on the new"
+                   " numbers: stock's refuses (the version counter moved); note each tensor"
+                   " argument's _version at the forward, and raise in the recompute if one"
+                   " moved" if refused[0] else "stock's did not refuse: the grader's case is"
+                   " wrong here")
 
 
 def _recompute_verdict(case, runs):

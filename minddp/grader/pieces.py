@@ -282,7 +282,41 @@ def ring(student, rank, world_size):
     everyone = _everyone(seen)
     results.append(_result(f"{_ranks(world_size)}, reduce_scatter_tensor: SUM, AVG, float32"
                            f" and bfloat16", *_ring_verdict(everyone, world_size)))
+    results.append(_result(f"{_ranks(world_size)}, what the ring sends: W - 1 blocks a rank",
+                           *_ring_sends(student, rank, world_size)))
     return results
+
+
+def _ring_sends(student, rank, world_size):
+    """The elements this rank's ring_reduce_scatter sends, of 4 * W: a ring sends W - 1
+    blocks of 4, its (W - 1) / W. (A right result may hide a step too many: the all_gather
+    after it overwrites the block that step spoiled.)"""
+    from ..collectives.ring_all_reduce import gloo_blocks
+    sent, batch, send = [], dist.batch_isend_irecv, dist.send
+
+    def counted_batch(ops):
+        sent.extend(op.tensor.numel() for op in ops if op.op.__name__ == "isend")
+        return batch(ops)
+
+    def counted_send(tensor, *args, **kwargs):
+        sent.append(tensor.numel())
+        return send(tensor, *args, **kwargs)
+    dist.batch_isend_irecv, dist.send = counted_batch, counted_send
+    try:
+        blocks = gloo_blocks(_ring_values(rank, 4 * world_size, torch.float32), world_size)
+        student.ring_reduce_scatter(blocks, dist.ReduceOp.SUM, None)
+    finally:
+        dist.batch_isend_irecv, dist.send = batch, send
+    everyone, ring = _everyone(sum(sent)), 4 * (world_size - 1)
+    more = [r for r, elements in enumerate(everyone) if elements > ring]
+    if not more:
+        return True, ""
+    return False, f"rank {more[0]}", (
+        f"rank {more[0]} sent {everyone[more[0]]} elements of its {4 * world_size} in"
+        f" ring_reduce_scatter, a ring {ring}: W - 1 = {world_size - 1} steps of one block"
+        f" each; a step more sends a block already reduced round again (the result can still"
+        f" be right: the all_gather after it overwrites that block), and costs what the ring"
+        f" saves")
 
 
 def _ring_values(rank, n, dtype):

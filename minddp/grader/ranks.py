@@ -28,9 +28,19 @@ STARTING_S = 600  # the most a rank may take to import torch and join the group
 # never completed: the same report as a rank still waiting at the time limit, whichever
 # rank notices first.
 # torch's errors whose cause lies far from where they are raised: what usually causes them
-HINTS = {"modified by an inplace operation": "a tensor autograd saved for the backward was"
-         " changed in place after the forward used it (e.g. a gathered weight refilled with"
-         " copy_ while the graph still holds it): fill it through .data, or make a new tensor"}
+# An error raised far from its cause, and its usual cause: (exercise or None for any, words of
+# the error, the cause).
+HINTS = [(None, "modified by an inplace operation", "a tensor autograd saved for the backward"
+          " was changed in place after the forward used it (e.g. a gathered weight refilled with"
+          " copy_ while the graph still holds it): fill it through .data, or make a new tensor"),
+         (None, "is not part of group", "src and dst are global ranks: the rank that is r in"
+          " the group is dist.get_global_rank(group, r)"),
+         ("fsdp", "must match the size of tensor b", "a gradient and its parameter's shard"
+          " differ in rows: each rank's gradient must be its own rows of the whole gradient,"
+          " torch.chunk's block (ceil(rows / W) a rank, the last shorter, no padding left)"),
+         ("fsdp", "Trying to resize storage that is not resizable", "unshard ran again on"
+          " weights already whole: it returns at once while is_unsharded, and sets it at its"
+          " end")]
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
@@ -117,10 +127,10 @@ def run_world(file, name, world_size, timeout):
             if p.is_alive():
                 p.kill()
             p.join()
-        return report(out, file, world_size, timeout, stuck)
+        return report(out, file, name, world_size, timeout, stuck)
 
 
-def report(out, file, world_size, timeout, stuck):
+def report(out, file, name, world_size, timeout, stuck):
     """[the results], or one failed result, from what the ranks left in the folder `out`."""
     label = f"{world_size} rank{'s' if world_size > 1 else ''}"
     # The first rank that raised in the student's file; a peer's error that follows it
@@ -131,13 +141,13 @@ def report(out, file, world_size, timeout, stuck):
     left = [e for e in errors if any(gone in e.read_text() for gone in PEER_GONE)]
     said = [e for e in errors if e not in left]
     if said:
-        return [_exception(label, said[0], file)]
+        return [_exception(label, said[0], file, name)]
     if stuck or left or not (out / "results.json").exists():
         return [_stuck(label, out, world_size, timeout, file)]
     return json.loads((out / "results.json").read_text())
 
 
-def _exception(label, error_file, file):
+def _exception(label, error_file, file, name):
     text = error_file.read_text().strip().splitlines()
     rank = error_file.stem.replace("rank", "").replace(".error", "")
     frames = [line.strip() for line in text if line.strip().startswith("File ")]
@@ -149,8 +159,8 @@ def _exception(label, error_file, file):
     if what.startswith("NotImplementedError: TODO"):
         what = f"not written yet: {what.split('TODO: ')[1]} still raises NotImplementedError"
     else:
-        what = f"an exception: {what}" + next((f" ({hint})" for said, hint in HINTS.items()
-                                               if said in what), "")
+        what = f"an exception: {what}" + next((f" ({hint})" for exercise, said, hint in HINTS
+                                               if said in what and exercise in (None, name)), "")
     return {"check": f"{label}: the run", "passed": False, "where": where, "diagnosis": what}
 
 
