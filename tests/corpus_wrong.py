@@ -1,7 +1,7 @@
 """Wrong solutions written from the exercises' TODOs alone, as students would write them, and
 what the grader says of each (tests/test_grade.py).
 
-    pytest tests/test_grade.py -k written
+    pytest tests/test_grade.py -k wrong_solution
 
 {exercise: {solution: {...}}}, each solution:
   mistake   what it does wrong
@@ -13,7 +13,6 @@ what the grader says of each (tests/test_grade.py).
   said      words the first failed check's diagnosis holds
   bodies    {"Class.method" or "function": its body}: minddp.grader.exercises.solution()
             writes each into the exercise's starting file
-MISSED: mistakes no check reaches yet, kept for the check that will.
 """
 
 WRONG = {
@@ -2653,6 +2652,25 @@ if self.sequence_dim is not None:
 return sum_over_ranks(partial, group)
 """,
             }),
+        'w_ignore_region': dict(
+            mistake='ignores region.gave (copy_to_ranks after a PrepareModuleInput gather)',
+            ranks=2, alone=False, verdict='named',
+            said="the ranks' partial values summed twice",
+            bodies={
+                'ColwiseParallel._whole': """\
+if self.sequence_dim is not None:
+    return gather_sequence(x, self.sequence_dim, group)
+return copy_to_ranks(x, group)
+""",
+                'RowwiseParallel._forward': """\
+ws = dist.get_world_size(group)
+bias = None if module.bias is None else ShareOfBias.apply(module.bias, ws)
+partial = F.linear(x, module.weight, bias)
+if self.sequence_dim is not None:
+    return scatter_sequence(partial, self.sequence_dim, group)
+return sum_over_ranks(partial, group)
+""",
+            }),
         'w_no_copy_to_ranks': dict(
             mistake='column split returns x (input gradient not summed)',
             ranks=2, alone=False, verdict='named',
@@ -3088,22 +3106,4 @@ return result
 """,
             }),
     },
-}
-
-MISSED = {  # (exercise, solution): (mistake, bodies): passes every check
-    ('tp', 'w_ignore_region'): ('wrong?: ignores region.gave (copy_to_ranks after a PrepareModuleInput gather)', {
-        'ColwiseParallel._whole': """\
-if self.sequence_dim is not None:
-    return gather_sequence(x, self.sequence_dim, group)
-return copy_to_ranks(x, group)
-""",
-        'RowwiseParallel._forward': """\
-ws = dist.get_world_size(group)
-bias = None if module.bias is None else ShareOfBias.apply(module.bias, ws)
-partial = F.linear(x, module.weight, bias)
-if self.sequence_dim is not None:
-    return scatter_sequence(partial, self.sequence_dim, group)
-return sum_over_ranks(partial, group)
-""",
-    }),
 }

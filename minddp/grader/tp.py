@@ -9,6 +9,7 @@ split's bias (once, after the sum; stock: bias / W on every rank, before it) is 
 """
 
 import copy
+import functools
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,27 @@ class _MLP(torch.nn.Module):
         return self.down(F.gelu(self.up(torch.tanh(self.embed(x)))))
 
 
+class _UpDown(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(4 * d, 8 * d), torch.nn.Linear(8 * d, d)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+class _Gathered(torch.nn.Module):
+    """A replicated layer on each rank's slice of the sequence, then a block whose input
+    PrepareModuleInput gathers: the column split inside takes the gathered input."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.embed, self.block = torch.nn.Linear(d, 4 * d), _UpDown(d)
+
+    def forward(self, x):
+        return self.block(torch.tanh(self.embed(x)))
+
+
 def _bias_after_sum(rowwise, **layouts):
     """The lesson's RowwiseParallel with the textbook's bias: added once, after the sum (stock
     adds bias / W on every rank, before it): right too, and another rounding."""
@@ -55,27 +77,34 @@ def tp(student, rank, world_size):
     reduce_scattered after down). A run a rounding apart is also compared with the
     textbook's bias placement (_bias_after_sum)."""
     return [_check(student, rank, world_size, sequence=False),
-            _check(student, rank, world_size, sequence=True)]
+            _check(student, rank, world_size, sequence=True),
+            _check(student, rank, world_size, sequence="gathered")]
 
 
 def _check(student, rank, world_size, sequence):
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Replicate, Shard
     from ..mesh.device_mesh import init_device_mesh
     from ..tp import parallel as lesson
     from ..tp.plan import sliced
-    col, row = ({"input_layouts": Shard(1)}, {"output_layouts": Shard(1)}) if sequence else ({}, {})
+    from ..tp.sequence_parallel import PrepareModuleInput
+    gathered = sequence == "gathered"  # the block's input gathered, then a plain column split
+    col, row = ({} if gathered else {"input_layouts": Shard(1)}, {"output_layouts": Shard(1)}) \
+        if sequence else ({}, {})
+    at = "block." if gathered else ""
     torch.manual_seed(0)
-    model = _MLP()
+    model = _Gathered() if gathered else _MLP()
     stock, textbook = copy.deepcopy(model), copy.deepcopy(model)
-    student.parallelize_module(model, init_device_mesh("cpu", (world_size,)),
-                               {"up": student.ColwiseParallel(**col),
-                                "down": student.RowwiseParallel(**row)})
-    stock_tp.parallelize_module(stock, stock_mesh("cpu", (world_size,)),
-                                {"up": stock_tp.ColwiseParallel(**col),
-                                 "down": stock_tp.RowwiseParallel(**row)})
-    lesson.parallelize_module(textbook, init_device_mesh("cpu", (world_size,)),
-                              {"up": lesson.ColwiseParallel(**col),
-                               "down": _bias_after_sum(lesson.RowwiseParallel, **row)})
+    gather = {"input_layouts": (Shard(1),), "desired_input_layouts": (Replicate(),)}
+    for who, m, library, mesh, rowwise in (
+            ("yours", model, student, init_device_mesh, student.RowwiseParallel),
+            ("stock", stock, stock_tp, stock_mesh, stock_tp.RowwiseParallel),
+            ("textbook", textbook, lesson, init_device_mesh,
+             functools.partial(_bias_after_sum, lesson.RowwiseParallel))):
+        plan = {f"{at}up": library.ColwiseParallel(**col), f"{at}down": rowwise(**row)}
+        if gathered:
+            plan["block"] = (stock_tp.PrepareModuleInput if who == "stock" else
+                             PrepareModuleInput)(**gather)
+        library.parallelize_module(m, mesh("cpu", (world_size,)), plan)
     def whole(name, t, cuts):  # cuts: the model's slices, (dim, group) per parameter name
         if t is None or name not in cuts:
             return _np(_whole(t))
@@ -103,7 +132,9 @@ def _check(student, rank, world_size, sequence):
             record[who]["weights"].append({n: whole(n, p, mine) for n, p in m.named_parameters()})
     everyone = _everyone(record)
     label = (f"{_ranks(world_size)}, a replicated layer, then up (column) and down (row)"
-             + (", sequence parallel (Shard(1) in and out)" if sequence else "") + ", AdamW")
+             + (", sequence parallel, the block's input gathered by PrepareModuleInput"
+                if gathered else ", sequence parallel (Shard(1) in and out)" if sequence
+                else "") + ", AdamW")
     shapes = [(r["yours"]["grads"][0]["(output)"].shape, r["stock"]["grads"][0]["(output)"].shape)
               for r in everyone]
     if any(mine != theirs for mine, theirs in shapes):
@@ -114,7 +145,7 @@ def _check(student, rank, world_size, sequence):
             why += (": it holds the whole sequence. With output_layouts=Shard(1) the row"
                     " split's sum is reduce_scattered along the sequence, each rank keeping"
                     " its slice (scatter_sequence on self.sequence_dim)")
-        elif sequence and mine[1] * world_size == theirs[1]:
+        elif sequence is True and mine[1] * world_size == theirs[1]:
             why += (": the sequence was cut twice. With input_layouts=Shard(1) each rank"
                     " holds a slice, gathered whole before the column split (gather_sequence"
                     " on self.sequence_dim)")
@@ -132,7 +163,7 @@ def _check(student, rank, world_size, sequence):
     if "(output)" in where:  # by how much: the row split's bias, once per rank too many?
         extra = everyone[0]["yours"]["grads"][0]["(output)"] - everyone[0]["stock"]["grads"][0][
             "(output)"]
-        bias = everyone[0]["stock"]["start"]["down.bias"]
+        bias = everyone[0]["stock"]["start"][f"{at}down.bias"]
         if world_size > 1 and abs(extra - (world_size - 1) * bias).max() < 1e-5:
             why = (f"the output holds the row split's bias {world_size} times: every rank adds"
                    f" all of it before the sum (add bias / world_size on each, as stock)")
