@@ -393,6 +393,9 @@ def warm_torchrun(nproc, script, *args, timeout=HANG_S):
     stdout and one stderr, as under torchrun. Only the agent is missing, and with it the
     interpreter's start, torch's import and the interpreter's exit: a run of a test that
     compares what the script computes, not how torchrun starts and ends it (torchrun() does).
+    For minddp's scripts, which end their group with ddp_teardown(): a script that destroys
+    the group under a live stock DDP (the lesson's own) can block as the reducer is freed,
+    where a fresh interpreter would have exited, so it runs under torchrun().
     The result: returncode (0, or the first failed rank's), stdout, stderr."""
     port, ctx = _free_port(), warm.context()
     base = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
