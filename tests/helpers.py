@@ -406,7 +406,8 @@ def warm_torchrun(nproc, script, *args, timeout=HANG_S):
                 TORCHELASTIC_USE_AGENT_STORE="False")
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        out.touch(), err.touch()
+        for file in (out, err):
+            file.touch()
         procs = [ctx.Process(target=_torchrun_worker, args=(
             script, list(map(str, args)), dict(base, RANK=str(r), LOCAL_RANK=str(r),
                                                ROLE_RANK=str(r)), str(out), str(err)))

@@ -423,7 +423,13 @@ def _refuses_an_argument_changed(student, world_size):
     for how in (functools.partial(stock_checkpoint, use_reentrant=False), student.checkpoint):
         torch.manual_seed(0)
         model, x = MODELS["a residual MLP"][0](0.0), torch.randn(6, 8)
-        y = how(model, x)
+        try:
+            y = how(model, x)
+        except Exception as error:  # noqa: BLE001 (a forward that raises: said by the cases
+            if isinstance(error, NotImplementedError):  # above; a TODO: "not written yet")
+                raise
+            return _result(label, False, "checkpoint(model, x)", f"the forward raised:"
+                           f" {type(error).__name__}: {error}")
         x.add_(1.0)
         try:
             y.square().mean().backward()
