@@ -9,6 +9,7 @@ waits for the event itself (a line printed, a process ended), not for a guessed 
 """
 
 import contextlib
+import faulthandler
 import importlib.util
 import io
 import os
@@ -43,6 +44,10 @@ _OUT_DIR = None  # a rank's folder of results: where the shared spawn notes its 
 def _entry(fn, rank, world_size, store_file, out_dir, args, gpu, environ):
     global _OUT_DIR
     _OUT_DIR = out_dir
+    # A crash in C++ (a segfault in a kernel or in gloo) leaves no traceback: this file gets
+    # every thread's Python stack instead, for the failure message.
+    fault = open(os.path.join(out_dir, f"rank{rank}.fault"), "w")
+    faulthandler.enable(file=fault, all_threads=True)
     try:
         # The environment of the test that started the rank, not the one the fork server
         # started with: what a spawned rank would see.
@@ -108,13 +113,24 @@ def run_ranks(fn, world_size, *args, timeout=HANG_S, gpu=False):
                 p.join()
         failed = []
         for r, (p, d) in enumerate(zip(procs, done)):
-            err = Path(tmp, f"rank{r}.err")
+            err, fault = Path(tmp, f"rank{r}.err"), Path(tmp, f"rank{r}.fault")
             if p.exitcode != 0:
-                failed.append(f"rank {r} exit code {p.exitcode}\n" + (err.read_text() if err.exists() else ""))
+                said = (err.read_text() if err.exists() else "") + (
+                    fault.read_text() if fault.exists() else "")
+                failed.append(f"rank {r} exit code {p.exitcode}{_running(tmp, r, fn, args)}\n{said}")
         if failed:
             raise RuntimeError("a rank failed:\n" + "\n".join(failed))
         return [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False)
                 for r in range(world_size)]
+
+
+def _running(tmp, rank, fn, args):
+    """' in NAME' for a shared spawn's rank: the registered function it had begun."""
+    if fn is not _run_shared:
+        return ""
+    begun = len(list(Path(tmp).glob(f"rank{rank}.*.progress")))
+    names = list(args[0])
+    return f" in {names[begun]}" if begun < len(names) else " after the last function"
 
 
 # One spawn per world size for the test modules that register their work here: starting
@@ -373,6 +389,7 @@ def _torchrun_worker(script, argv, environ, out_file, err_file):
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
     sys.argv, sys.path[0] = [str(script), *argv], str(Path(script).parent)
+    faulthandler.enable(all_threads=True)  # a crash in C++ leaves its Python stacks in stderr
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exit_:

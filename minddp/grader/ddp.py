@@ -19,7 +19,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .diagnosis import compare
 from .bound import judge, right_ways
-from .training import MODELS, STEPS, _everyone, _np, _ranks, _result, _runs, _train, toy_batch
+from .training import (MODELS, STEPS, _everyone, _np, _ranks, _result, _runs, _train, destroy,
+                       toy_batch)
 
 
 class TakesTurns(torch.nn.Module):
@@ -189,7 +190,7 @@ def ddp(student, rank, world_size, cls_name, order_note):
                                    f" ({world_size}), not the group's ({world_size - 1}):"
                                    f" dist.get_world_size(process_group)")
         results.append(result)
-        dist.destroy_process_group(group)
+        destroy(group)  # `mine`'s wrappers ended with _run
     return results
 
 

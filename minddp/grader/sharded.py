@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .bound import FSDP_NOTES, judge, right_ways
 from .diagnosis import compare, first_difference
-from .training import MODELS, STEPS, _everyone, _np, _ranks, _result, _runs, _train
+from .training import MODELS, STEPS, _everyone, _np, _ranks, _result, _runs, _train, destroy
 
 
 def _two_groups(params):
@@ -65,7 +65,8 @@ def zero(student, rank, world_size):
         everyone = _everyone(record)
         if group is not None:
             everyone = everyone[1:]  # the group's ranks, in its order
-            dist.destroy_process_group(group)
+            model = optimizer = None  # stock's DDP and optimizer hold the group: gone first
+            destroy(group)
         results.append(_result(f"{_ranks(world_size)}, {label}, AdamW over the shards",
                                *_zero_verdict(everyone, len(everyone))))
     return results

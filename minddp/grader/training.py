@@ -9,6 +9,7 @@ broadcast shows; every rank trains on its own batch.
 """
 
 import contextlib
+import gc
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,15 @@ def _everyone(record):
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, record)
     return gathered
+
+
+def destroy(group):
+    """Destroy a check's own process group once nothing of the check holds it. Call it
+    after the wrappers that used the group are gone: a stock DDP caught in a reference cycle
+    is freed here, not later, when its C++ reducer would drop the destroyed group's last
+    reference on the main thread, GIL held (launch/teardown.py: a hang, or worse)."""
+    gc.collect()
+    dist.destroy_process_group(group)
 
 
 def _runs(everyone, who):
