@@ -805,7 +805,14 @@ def test_the_docs_show_what_the_grader_says():
     for (name, mistake), body in shown.items():
         said = [f"      at:        {r['where']}\n      diagnosis: {r['diagnosis']}"
                 for r in graded[name, mistake] if not r["passed"]]
-        assert said and all(s in body for s in said), (name, mistake, said)
+        assert said and all(_rounded(s) in _rounded(body) for s in said), (name, mistake, said)
+
+
+def _rounded(text):
+    """text with each float of 7 or more digits (a float32's repr) to 6: such a value may
+    differ in its last bit from one process to another (clip's total norm did, in both
+    yours and stock's: the reference's gradients, not the check), the words may not."""
+    return re.sub(r"\d+\.\d{6,}", lambda m: f"{float(m[0]):.6g}", text)
 
 
 def _run(grads, weights=None, start=None):
