@@ -3,6 +3,9 @@
     pytest tests/test_helpers.py
 """
 
+import ctypes
+import os
+
 import pytest
 import torch.distributed as dist
 
@@ -46,3 +49,23 @@ def test_its_tests_see_its_traceback_and_the_outcome_is_kept(monkeypatch):
     for _ in range(2):  # asked twice, started never: the failure is the kept outcome
         with pytest.raises(RuntimeError, match="the shared spawn of 98 ranks failed"):
             helpers.shared_results(g, 98)
+
+
+def _crashes(rank, world_size, marker):
+    """Rank 0 dies of SIGSEGV the first time (no marker yet), or every time (marker None)."""
+    if rank == 0 and (marker is None or not os.path.exists(marker)):
+        if marker is not None:
+            open(marker, "w").close()
+        ctypes.string_at(0)  # a read of address 0: SIGSEGV
+    dist.barrier()
+    return rank
+
+
+def test_a_native_crash_is_run_again_once_and_warned_with_its_stack(tmp_path):
+    marker = str(tmp_path / "crashed once")
+    with pytest.warns(RuntimeWarning, match="(?s)crashed in native code and ran again.*rank 0"
+                      " exit code -11 in test_helpers._crashes.*Segmentation fault.*_crashes"):
+        out = helpers.spawn_shared(2, {"test_helpers._crashes": (_crashes, (marker,))})
+    assert [o["test_helpers._crashes"] for o in out] == [(True, 0), (True, 1)]
+    with pytest.warns(RuntimeWarning), pytest.raises(helpers.Crashed, match="exit code -11"):
+        helpers.spawn_shared(2, {"test_helpers._crashes": (_crashes, (None,))})
