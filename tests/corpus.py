@@ -657,6 +657,23 @@ while steps < world - 1:
     steps += 1
 """,
         },
+        'ring C': {  # stock's isend/irecv; one buffer for the largest block, none posted empty
+            'ring_reduce_scatter': """\
+import torch.distributed as dist
+rank, size = rank_and_size(group)
+spare = torch.empty(max(b.numel() for b in blocks), dtype=blocks[0].dtype)
+for step in range(size - 1):
+    out, into = blocks[(rank + step + 1) % size], blocks[(rank + step + 2) % size]
+    works = []
+    if out.numel():
+        works.append(dist.isend(out, (rank - 1) % size, group=group))
+    if into.numel():  # the whole spare: gloo fills its front with the smaller block
+        works.append(dist.irecv(spare, (rank + 1) % size, group=group))
+    for work in works:
+        work.wait()
+    combine(op, into, spare[:into.numel()])
+""",
+        },
     },
     'mesh': {
         'mesh A': {

@@ -1956,10 +1956,26 @@ return actions
             }),
     },
     'ring': {
+        'w_recv_empty_block': dict(
+            mistake='receives into the whole buffer, also for an empty block (nothing is sent)',
+            ranks=2, alone=False, verdict='named',
+            said='a receive and a send that do not pair up',
+            bodies={
+                'ring_reduce_scatter': """\
+rank, size = rank_and_size(group)
+to, came_from = (rank - 1) % size, (rank + 1) % size
+incoming = torch.empty(max(b.numel() for b in blocks), dtype=blocks[0].dtype)
+for step in range(size - 1):
+    mine = blocks[(rank + step + 2) % size]
+    exchange(group, sends=[(blocks[(rank + step + 1) % size], to)],
+             receives=[(incoming, came_from)])
+    combine(op, mine, incoming[:mine.numel()])
+""",
+            }),
         'wrong_direction': dict(
             mistake='sends to rank+1 / receives from rank-1 (other direction)',
-            ranks=3, alone=True, verdict='caught',
-            said='never completed',
+            ranks=3, alone=False, verdict='named',
+            said='a receive and a send that do not pair up',
             bodies={
                 'ring_reduce_scatter': """\
 # TODO (ring_reduce_scatter): W - 1 steps round the ring: send to rank - 1 the block whose
@@ -1980,8 +1996,8 @@ for step in range(size - 1):
             }),
         'wrong_first_block': dict(
             mistake='step 0 sends own block `rank` instead of rank+1',
-            ranks=2, alone=True, verdict='caught',
-            said='never completed',
+            ranks=2, alone=False, verdict='named',
+            said='a receive and a send that do not pair up',
             bodies={
                 'ring_reduce_scatter': """\
 # TODO (ring_reduce_scatter): W - 1 steps round the ring: send to rank - 1 the block whose
@@ -2024,8 +2040,8 @@ for step in range(size - 1):
             }),
         'wrong_recv_index': dict(
             mistake='receives block rank+step+1 (off by one)',
-            ranks=2, alone=True, verdict='caught',
-            said='never completed',
+            ranks=2, alone=False, verdict='named',
+            said='a receive and a send that do not pair up',
             bodies={
                 'ring_reduce_scatter': """\
 # TODO (ring_reduce_scatter): W - 1 steps round the ring: send to rank - 1 the block whose

@@ -370,6 +370,42 @@ share_spawn(_grade, [2])
 share_spawn(_written_wrong, [1, 2, 3, 4])
 
 
+def _pairings(rank, world_size):
+    """pairing.unpaired on rank 0 sending rank 1 five elements, rank 1 receiving: {case: said}."""
+    import torch
+    import torch.distributed as dist
+    from minddp.grader.pairing import unpaired
+
+    def talk(received, p2p):
+        if rank == 0:
+            work = dist.isend(torch.ones(5), 1) if p2p else dist.batch_isend_irecv(
+                [dist.P2POp(dist.isend, torch.ones(5), 1)])
+        elif received is not None:
+            work = dist.irecv(torch.empty(received), 0) if p2p else dist.batch_isend_irecv(
+                [dist.P2POp(dist.irecv, torch.empty(received), 0)])
+        else:
+            work = None
+        return work
+    return {(received, p2p): unpaired(lambda: talk(received, p2p), "case")
+            for received in (None, 3, 5, 7) for p2p in (True, False)}
+
+
+share_spawn(_pairings, [2])
+
+
+def test_sends_and_receives_that_do_not_pair_up_are_found_without_a_message_sent():
+    # gloo: a receive larger than its message takes it; smaller aborts; none at all waits
+    for said in shared_results(_pairings, 2):
+        for p2p in (True, False):
+            assert said[5, p2p] is None and said[7, p2p] is None
+            where, why = said[3, p2p]
+            assert where == ("case, rank 0 -> rank 1: message 0: rank 0 sends 5 elements, rank 1"
+                             " posts a receive of 3 elements") and "gloo aborts" in why
+            where, why = said[None, p2p]
+            assert where.endswith("rank 0 sends 5 elements, rank 1 posts a receive of nothing")
+            assert "do not pair up" in why
+
+
 @pytest.mark.parametrize("name", list(EXERCISES))
 def test_every_lesson_passes_its_own_exercise(name):
     for rank, graded in enumerate(shared_results(_grade, 2)):

@@ -13,6 +13,7 @@ on the same models and data, on real gloo ranks, and says passed (stock's bits),
     ddp.py        the data-parallel checks: the average, no_sync, subgroups, buckets
     sharded.py    ZeRO-1 and FSDP: every shard and weight, step by step
     pieces.py     the sampler, the broadcast, 1F1B's list, the ring
+    pairing.py    do a student's sends and receives pair up? a dry run, before a real one hangs
     schedules.py  the pipeline's lists past 1F1B: interleaved 1F1B, zero bubble's waits
     tp.py         the tensor-parallel check
     lessons.py    the device mesh's grid against stock's; recomputation against torch's checkpoint

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B  # before any group
 from torch.utils.data.distributed import DistributedSampler
 
+from .pairing import unpaired
 from .training import _everyone, _ranks, _result
 
 SIZES = (1, 5, 7, 10, 16, 17)  # dataset lengths: some every rank count divides, some none
@@ -245,6 +246,13 @@ def ring(student, rank, world_size):
     from ..collectives.ring_all_gather import ring_all_gather
     from ..collectives.ring_all_reduce import gloo_blocks
     sizes = (1, 7, 4 * world_size, 4 * world_size + 1, 1000)
+    for n in sizes:  # first, without a message moved: a send that no receive meets hangs
+        blocks = gloo_blocks(_ring_values(rank, n, torch.float32), world_size)
+        hit = unpaired(lambda: student.ring_reduce_scatter(blocks, dist.ReduceOp.SUM, None),
+                       f"ring_reduce_scatter of {n} element{'s' * (n != 1)}")
+        if hit:
+            return [_result(f"{_ranks(world_size)}, ring_reduce_scatter's sends and receives"
+                            f" pair up: {', '.join(map(str, sizes))} elements", False, *hit)]
     results = []
     for dtype in (torch.float32, torch.bfloat16):
         seen = {}
