@@ -11,6 +11,7 @@ what the grader says of each (tests/test_grade.py).
   verdict   "named": the diagnosis says what is wrong; "caught": it fails, and the diagnosis
             says where, not why (docs/grade.md counts them apart)
   said      words the first failed check's diagnosis holds
+  hangs     (if given) it hangs, and the words name why: graded with a short --timeout
   bodies    {"Class.method" or "function": its body}: minddp.grader.exercises.solution()
             writes each into the exercise's starting file
 """
@@ -63,8 +64,8 @@ for t in tensors:
             }),
         'w_no_group': dict(
             mistake='dist.broadcast without group=',
-            ranks=3, alone=True, verdict='caught',
-            said='never completed',
+            ranks=3, alone=True, verdict='named', hangs=True,
+            said='on the whole world (no group= given), which rank 0, outside the group, never joins',
             bodies={
                 'broadcast_parameters': """\
 src_global = global_rank(group, src)
@@ -1302,8 +1303,8 @@ return blocks
             }),
         'w_unshard_no_pad': dict(
             mistake='short blocks not padded before all_gather',
-            ranks=2, alone=True, verdict='caught',
-            said='never completed',
+            ranks=2, alone=True, verdict='named', hangs=True,
+            said='every rank waits in all_gather, called with other tensor sizes',
             bodies={
                 'Unit.unshard': """\
 if self.is_unsharded:
@@ -1789,8 +1790,8 @@ chosen.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.process_group)
             }),
         'w_no_group': dict(
             mistake='all_reduce without group=self.process_group',
-            ranks=3, alone=True, verdict='caught',
-            said='never completed',
+            ranks=3, alone=True, verdict='named', hangs=True,
+            said='on the whole world (no group= given), which rank 0, outside the group, never joins',
             bodies={
                 'NaiveDDP._average_gradient': """\
 if not self._sync_this_backward or param.grad is None:
@@ -2803,8 +2804,8 @@ return loss
             }),
         'w_no_broadcast_others': dict(
             mistake='each rank broadcasts only its own shard (mismatched collectives)',
-            ranks=2, alone=True, verdict='caught',
-            said='never completed',
+            ranks=2, alone=True, verdict='named', hangs=True,
+            said='every rank waits in broadcast, called with other src',
             bodies={
                 'ShardedOptimizer._shards': """\
 held = [0] * self.world_size  # elements per rank, carried across groups

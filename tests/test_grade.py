@@ -462,7 +462,7 @@ def test_a_wrong_solution_that_raises_on_some_ranks_or_hangs_fails_saying_what(t
     groups = {}
     for label, wrong in WRONG[name].items():
         if wrong["alone"]:
-            hangs = wrong["said"] in HANGS
+            hangs = wrong["said"] in HANGS or wrong.get("hangs", False)
             folder = tmp_path / f"{wrong['ranks']}-{hangs}"
             folder.mkdir(exist_ok=True)
             (folder / f"{label}.py").write_text(solution(name, wrong["bodies"]))
@@ -881,3 +881,26 @@ def test_each_diagnosis_from_its_numbers(ours, stock, said):
     from minddp.grader.diagnosis import compare
     passed, where, diagnosis = compare(ours, stock, 2)
     assert passed == (said == "") and said in diagnosis, (where, diagnosis)
+
+
+def test_a_hangs_mismatch_is_named_only_where_the_calls_show_it():
+    from minddp.grader.mismatch import why
+    world = {"group": None, "sizes": [4]}
+    grader = ("all_gather_object", {"group": None, "sizes": []})
+    # a group's ranks in a collective of the whole world, the rank outside it elsewhere
+    said = why({0: grader, 1: ("broadcast", world), 2: ("broadcast", world)}, 3, [1, 2])
+    assert said.startswith("ranks 1, 2 of the group of ranks 1, 2 wait in broadcast on the"
+                           " whole world (no group= given), which rank 0, outside the group")
+    assert why({0: ("broadcast", dict(world, src=0)), 1: ("broadcast", dict(world, src=1))},
+               2).startswith("every rank waits in broadcast, called with other src: rank 0:"
+                             " 0, rank 1: 1")
+    assert "other tensor sizes (elements): rank 0: [3], rank 1: [2]" in why(
+        {0: ("all_gather", {"group": None, "sizes": [3]}),
+         1: ("all_gather", {"group": None, "sizes": [2]})}, 2)
+    # never the wrong way: a collective on some ranks only, with no group made, or the
+    # outside rank in the same collective, or calls alike: no mismatch named
+    assert why({0: grader, 1: ("all_reduce", world)}, 2) is None
+    assert why({0: ("broadcast", world), 1: ("broadcast", world), 2: ("broadcast", world)},
+               3, [1, 2]) is None
+    assert why({0: ("all_reduce", world), 1: ("all_reduce", world)}, 2) is None
+    assert why({1: ("all_reduce", {})}, 2, [1]) is None  # no notes: nothing said

@@ -8,6 +8,7 @@ on the same models and data, on real gloo ranks, and says passed (stock's bits),
     grade.py      `minddp grade`: one file or a folder of them, the report, the exit status
     student.py    the student's file: which exercise, loaded as the lesson, its signatures
     ranks.py      the ranks a grade starts, one group per world size, under a time limit
+    mismatch.py   why ranks hang in a collective: each one's group, src and sizes side by side
     checks.py     every exercise's check, by name
     training.py   what the checks share: the models, the batches, one training run recorded
     ddp.py        the data-parallel checks: the average, no_sync, subgroups, buckets

@@ -20,6 +20,7 @@ import time
 import traceback
 
 from ..run import warm
+from . import mismatch
 from .exercises import EXERCISES
 
 STARTING_S = 600  # the most a rank may take to import torch and join the group
@@ -49,6 +50,7 @@ def _record_collectives(path, student_file):
     there, in `path`: what a rank stuck past the timeout was waiting in."""
     import torch.distributed as dist
 
+    from .mismatch import details
     from .training import COLLECTIVES
     log = open(path, "a", buffering=1)
 
@@ -59,7 +61,8 @@ def _record_collectives(path, student_file):
                           for f in reversed(stack) if f.filename == student_file),
                          "the grader, gathering the results" if any(
                              pathlib.Path(f.filename).parent.name == "grader" for f in stack[-3:]) else "stock's code")
-            log.write(f"in {name} ({where})\n")
+            # how it was called, for a hang's diagnosis (mismatch.py), after a tab
+            log.write(f"in {name} ({where})\t{json.dumps(details(original, args, kwargs))}\n")
             result = original(*args, **kwargs)
             log.write("done\n")
             return result
@@ -67,6 +70,12 @@ def _record_collectives(path, student_file):
     for name in COLLECTIVES:
         if hasattr(dist, name):
             setattr(dist, name, wrap(name, getattr(dist, name)))
+    new_group = dist.new_group
+
+    def noted_group(ranks=None, *args, **kwargs):
+        log.write(f"group\t{json.dumps(sorted(ranks) if ranks is not None else None)}\n")
+        return new_group(ranks, *args, **kwargs)
+    dist.new_group = noted_group
 
 
 def _rank(rank, world_size, file, name, tmp, environ, timeout):
@@ -165,11 +174,16 @@ def _exception(label, error_file, file, name):
 
 
 def _stuck(label, out, world_size, timeout, file):
-    said, waiting, running = [], False, False
+    said, waiting, running, waits, group = [], False, False, {}, None
     for rank in range(world_size):
         lines = (out / f"rank{rank}.collectives").read_text().splitlines() \
             if (out / f"rank{rank}.collectives").exists() else []
-        last = lines[-1] if lines else "none"
+        groups = [json.loads(line.split("\t")[1]) for line in lines if line.startswith("group\t")]
+        group = groups[-1] if groups else group
+        lines = [line for line in lines if not line.startswith("group\t")]
+        last, _, noted = (lines[-1] if lines else "none").partition("\t")
+        if last.startswith("in "):
+            waits[rank] = (last.split()[1], json.loads(noted) if noted else {})
         at = _line_in(out / f"rank{rank}.stack", file)
         waiting |= last.startswith("in ")
         running |= at is not None and not last.startswith("in ")
@@ -183,8 +197,10 @@ def _stuck(label, out, world_size, timeout, file):
            f" that never join it; " + ("the others never got past the lines named: "
                                         + elsewhere if running else
                                         "a collective on some ranks only, or in another order"))
+    named = mismatch.why(waits, world_size, group) if waiting else None
     return {"check": f"{label}: the run", "passed": False, "where": "; ".join(said),
-            "diagnosis": why, "stuck": True}
+            "diagnosis": f"a collective that never completed within {timeout:g} s: {named}"
+            if named else why, "stuck": True}
 
 
 def _line_in(stack_file, file):
