@@ -76,7 +76,7 @@ def named(wait, sends, receives):
         wait()
     except RuntimeError as error:
         words = str(error).splitlines()[0].split("] ")[-1]
-        if "send operation" in words:
+        if "send operation" in words or not receives:  # a lone send: its peer left
             where = "send to rank " + ", ".join(sorted({str(peer) for _, peer in sends}))
         else:
             where = "receive from rank " + ", ".join(sorted({str(p) for _, p in receives}))

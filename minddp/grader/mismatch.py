@@ -11,7 +11,7 @@ that differs. None: nothing differs, and the report stays where each rank waits.
 
 import inspect
 
-import torch
+_SIGNATURES = {}  # per collective: made once, read at every call
 
 
 def details(original, args, kwargs):
@@ -24,8 +24,11 @@ def details(original, args, kwargs):
 
 
 def _details(original, args, kwargs):
+    import torch  # here, not at the top: the grader's own process never imports torch
     import torch.distributed as dist
-    bound = inspect.signature(original).bind(*args, **kwargs).arguments
+    if original not in _SIGNATURES:
+        _SIGNATURES[original] = inspect.signature(original)
+    bound = _SIGNATURES[original].bind(*args, **kwargs).arguments
     group = bound.get("group")
     noted = {"group": None if group is None or group is dist.group.WORLD
              else dist.get_process_group_ranks(group)}
@@ -52,7 +55,8 @@ def why(waits, world_size, group=None):
         return (f"rank{'s' * (len(worldwide) > 1)} {_listed(worldwide)} of the group of ranks"
                 f" {_listed(group)} wait{'s' * (len(worldwide) == 1)} in {name} on the whole"
                 f" world (no group= given), which rank{'s' * (len(outside) > 1)}"
-                f" {_listed(outside)}, outside the group, never join{'s' * (len(outside) == 1)}:"
+                f" {_listed(outside)}, outside the group, never"
+                f" join{'s' * (len(outside) == 1)}:"
                 f" a collective of the group's ranks needs group= (the process group), or it"
                 f" waits for every rank")
     names = {name for name, _ in waits.values()}

@@ -35,7 +35,8 @@ def _recorded(log):
     """dist's point-to-point calls append (kind, peer, elements) to `log`, and move nothing."""
     # torch.distributed's names and c10d's module globals, which P2POp checks its op against
     modules = (dist, c10d)
-    saved = {(m, name): getattr(m, name) for m in modules for name in (*CALLS, "batch_isend_irecv")}
+    saved = {(m, name): getattr(m, name)
+             for m in modules for name in (*CALLS, "batch_isend_irecv")}
 
     def call(kind):
         def record(tensor, peer=None, group=None, tag=0, **kwargs):

@@ -178,7 +178,8 @@ def _stuck(label, out, world_size, timeout, file):
     for rank in range(world_size):
         lines = (out / f"rank{rank}.collectives").read_text().splitlines() \
             if (out / f"rank{rank}.collectives").exists() else []
-        groups = [json.loads(line.split("\t")[1]) for line in lines if line.startswith("group\t")]
+        groups = [json.loads(line.split("\t")[1]) for line in lines
+                  if line.startswith("group\t")]
         group = groups[-1] if groups else group
         lines = [line for line in lines if not line.startswith("group\t")]
         last, _, noted = (lines[-1] if lines else "none").partition("\t")
