@@ -886,21 +886,26 @@ def test_each_diagnosis_from_its_numbers(ours, stock, said):
 def test_a_hangs_mismatch_is_named_only_where_the_calls_show_it():
     from minddp.grader.mismatch import why
     world = {"group": None, "sizes": [4]}
-    grader = ("all_gather_object", {"group": None, "sizes": []})
+    grader = ("all_gather_object", {"group": None, "sizes": []}, False)  # the grader's call
     # a group's ranks in a collective of the whole world, the rank outside it elsewhere
-    said = why({0: grader, 1: ("broadcast", world), 2: ("broadcast", world)}, 3, [1, 2])
+    mine = ("broadcast", world, True)  # called from the student's file
+    said = why({0: grader, 1: mine, 2: mine}, 3, [1, 2])
     assert said.startswith("ranks 1, 2 of the group of ranks 1, 2 wait in broadcast on the"
                            " whole world (no group= given), which rank 0, outside the group")
-    assert why({0: ("broadcast", dict(world, src=0)), 1: ("broadcast", dict(world, src=1))},
-               2).startswith("every rank waits in broadcast, called with other src: rank 0:"
-                             " 0, rank 1: 1")
+    said = why({0: ("broadcast", dict(world, src=0), True),
+                1: ("broadcast", dict(world, src=1), True)}, 2)
+    assert said.startswith("every rank waits in broadcast, called with other src: rank 0: 0,"
+                           " rank 1: 1")
     assert "other tensor sizes (elements): rank 0: [3], rank 1: [2]" in why(
-        {0: ("all_gather", {"group": None, "sizes": [3]}),
-         1: ("all_gather", {"group": None, "sizes": [2]})}, 2)
+        {0: ("all_gather", {"group": None, "sizes": [3]}, True),
+         1: ("all_gather", {"group": None, "sizes": [2]}, True)}, 2)
     # never the wrong way: a collective on some ranks only, with no group made, or the
     # outside rank in the same collective, or calls alike: no mismatch named
-    assert why({0: grader, 1: ("all_reduce", world)}, 2) is None
-    assert why({0: ("broadcast", world), 1: ("broadcast", world), 2: ("broadcast", world)},
-               3, [1, 2]) is None
-    assert why({0: ("all_reduce", world), 1: ("all_reduce", world)}, 2) is None
-    assert why({1: ("all_reduce", {})}, 2, [1]) is None  # no notes: nothing said
+    assert why({0: grader, 1: ("all_reduce", world, True)}, 2) is None
+    assert why({0: mine, 1: mine, 2: mine}, 3, [1, 2]) is None
+    assert why({0: ("all_reduce", world, True), 1: ("all_reduce", world, True)}, 2) is None
+    assert why({1: ("all_reduce", {}, True)}, 2, [1]) is None  # no notes: nothing said
+    # the group's ranks in the grader's own gathering, rank 0 stuck elsewhere: not their cause
+    assert why({0: ("all_reduce", world, True), 1: grader, 2: grader}, 3, [1, 2]) is None
+    assert why({0: ("broadcast", dict(world, src=0), False),
+                1: ("broadcast", dict(world, src=1), False)}, 2) is None

@@ -44,11 +44,12 @@ def _details(original, args, kwargs):
 
 def why(waits, world_size, group=None):
     """The mismatch among the ranks still waiting, or None. `waits`: {rank: (collective,
-    details)} for each rank waiting in one, the others absent; `group`: the ranks of the
-    group the check made last (dist.new_group), if any."""
+    details, called from the student's file)} for each rank waiting in one, the others
+    absent; `group`: the ranks of the group the check made last (dist.new_group), if any.
+    Only the student's calls are read as the cause: the grader's own gathering is not."""
     group = group or []
-    worldwide = sorted(r for r, (_, seen) in waits.items()
-                       if seen.get("group", 0) is None and r in group)
+    worldwide = sorted(r for r, (_, seen, mine) in waits.items()
+                       if mine and seen.get("group", 0) is None and r in group)
     name = waits[worldwide[0]][0] if worldwide else None
     outside = [r for r in range(world_size) if r not in group]
     if worldwide and outside and not any(waits.get(r, ("",))[0] == name for r in outside):
@@ -59,13 +60,13 @@ def why(waits, world_size, group=None):
                 f" join{'s' * (len(outside) == 1)}:"
                 f" a collective of the group's ranks needs group= (the process group), or it"
                 f" waits for every rank")
-    names = {name for name, _ in waits.values()}
-    if len(waits) < world_size or len(names) != 1:
+    names = {name for name, _, _ in waits.values()}
+    if len(waits) < world_size or len(names) != 1 or not all(m for _, _, m in waits.values()):
         return None
     name = names.pop()
     for key, what in (("group", "groups"), ("src", "src"), ("dst", "dst"),
                       ("sizes", "tensor sizes (elements)")):
-        values = {rank: seen.get(key) for rank, (_, seen) in waits.items()}
+        values = {rank: seen.get(key) for rank, (_, seen, _) in waits.items()}
         if len({repr(v) for v in values.values()}) > 1:
             each = ", ".join(f"rank {r}: {v}" for r, v in sorted(values.items()))
             return (f"every rank waits in {name}, called with other {what}: {each}; a"

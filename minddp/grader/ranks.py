@@ -42,6 +42,8 @@ HINTS = [(None, "modified by an inplace operation", "a tensor autograd saved for
          ("fsdp", "Trying to resize storage that is not resizable", "unshard ran again on"
           " weights already whole: it returns at once while is_unsharded, and sets it at its"
           " end")]
+# where a collective was called from when not from the student's file: never read as their cause
+NOT_THEIRS = ("the grader, gathering the results", "stock's code")
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
@@ -57,10 +59,10 @@ def _record_collectives(path, student_file):
     def wrap(name, original):
         def call(*args, **kwargs):
             stack = traceback.extract_stack()[:-1]
+            ours = any(pathlib.Path(f.filename).parent.name == "grader" for f in stack[-3:])
             where = next((f"{pathlib.Path(f.filename).name} line {f.lineno}"
                           for f in reversed(stack) if f.filename == student_file),
-                         "the grader, gathering the results" if any(
-                             pathlib.Path(f.filename).parent.name == "grader" for f in stack[-3:]) else "stock's code")
+                         NOT_THEIRS[0] if ours else NOT_THEIRS[1])
             # how it was called, for a hang's diagnosis (mismatch.py), after a tab
             log.write(f"in {name} ({where})\t{json.dumps(details(original, args, kwargs))}\n")
             result = original(*args, **kwargs)
@@ -184,7 +186,8 @@ def _stuck(label, out, world_size, timeout, file):
         lines = [line for line in lines if not line.startswith("group\t")]
         last, _, noted = (lines[-1] if lines else "none").partition("\t")
         if last.startswith("in "):
-            waits[rank] = (last.split()[1], json.loads(noted) if noted else {})
+            mine = not last.endswith(tuple(f"({where})" for where in NOT_THEIRS))
+            waits[rank] = (last.split()[1], json.loads(noted) if noted else {}, mine)
         at = _line_in(out / f"rank{rank}.stack", file)
         waiting |= last.startswith("in ")
         running |= at is not None and not last.startswith("in ")
