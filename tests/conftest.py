@@ -3,9 +3,13 @@
     pytest tests/test_examples.py tests/test_breakit.py
 """
 
+import ast
+import inspect
+
 import pytest
 
-from helpers import select_modules, warm_torchrun
+import helpers
+from helpers import select_modules, start_shared_spawns, stop_shared_spawns, warm_torchrun
 from minddp.run.cli import torch_too_old
 
 
@@ -17,8 +21,45 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The shared spawns run the registered work of the selected tests' modules only."""
+    """The shared spawns run the registered work of the selected tests' modules only, in the
+    background from now on; the tests that read their results run last, when they are in."""
     select_modules({item.module.__name__ for item in items if item.module is not None})
+    readers = [item for item in items if _reads_a_spawn(item)]
+    items[:] = [item for item in items if item not in set(readers)] + readers
+    modules = {item.module.__name__ for item in readers}
+    world_sizes = sorted({world_size for world_size, work in helpers._SHARED.items()
+                          for fn, _ in work.values() if fn.__module__ in modules},
+                         key=lambda world_size: -len(helpers._work(world_size)))
+    if world_sizes and not config.option.collectonly:
+        config.stash[_SPAWNS] = start_shared_spawns(world_sizes)  # the most work first
+
+
+def pytest_sessionfinish(session):
+    if _SPAWNS in session.config.stash:
+        stop_shared_spawns(session.config.stash[_SPAWNS])
+
+
+_SPAWNS = pytest.StashKey()
+_READERS = {}  # module name: its top-level functions that read a shared spawn's results
+
+
+def _reads_a_spawn(item):
+    """Whether the test (or a fixture of its module) calls shared_results, directly or
+    through another function of its module: read with ast. Only the order depends on it."""
+    module = item.module
+    if module is None:
+        return False
+    if module.__name__ not in _READERS:
+        tree = ast.parse(inspect.getsource(module))
+        uses = {node.name: {name.id for name in ast.walk(node) if isinstance(name, ast.Name)}
+                for node in tree.body if isinstance(node, ast.FunctionDef)}
+        readers, more = {"shared_results"}, True
+        while more:
+            found = {name for name, used in uses.items() if used & readers} - readers
+            readers, more = readers | found, bool(found)
+        _READERS[module.__name__] = readers
+    names = {getattr(item, "originalname", item.name), *getattr(item, "fixturenames", ())}
+    return bool(names & _READERS[module.__name__])
 
 
 @pytest.fixture(scope="session")

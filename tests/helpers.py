@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import uuid
@@ -41,9 +42,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 _OUT_DIR = None  # a rank's folder of results: where the shared spawn notes its progress
 
 
-def _entry(fn, rank, world_size, store_file, out_dir, args, gpu, environ):
+def _entry(fn, rank, world_size, store_file, out_dir, args, gpu, environ, nice):
     global _OUT_DIR
     _OUT_DIR = out_dir
+    os.nice(nice)
     # A crash in C++ (a segfault in a kernel or in gloo) leaves no traceback: this file gets
     # every thread's Python stack instead, for the failure message.
     fault = open(os.path.join(out_dir, f"rank{rank}.fault"), "w")
@@ -88,18 +90,22 @@ class Crashed(RuntimeError):
     no check of ours raises; its message holds the rank's Python stacks (faulthandler)."""
 
 
-def run_ranks(fn, world_size, *args, timeout=HANG_S, gpu=False):
+def run_ranks(fn, world_size, *args, timeout=HANG_S, gpu=False, environ=None, nice=0,
+              stop=None):
     """Run fn(rank, world_size, *args) on `world_size` spawned gloo ranks; return [result per rank].
 
     fn must be a module-level function (it is pickled by name). A rank that fails
-    ends all of them at once; so does the deadline. CUDA is hidden unless gpu=True.
+    ends all of them at once; so does the deadline. CUDA is hidden unless gpu=True. The ranks
+    see `environ`, or this process's environment now; `nice` lowers their priority. Once
+    the event `stop` is set, the ranks are killed.
     """
     ctx = warm.context()  # forked from a server that has torch imported (minddp/run/warm.py)
     with tempfile.TemporaryDirectory() as tmp:
         done = [Path(tmp, f"rank{r}.done") for r in range(world_size)]
         store = os.path.join(tmp, "store")
+        environ = dict(os.environ) if environ is None else environ
         procs = [ctx.Process(target=_entry, args=(fn, r, world_size, store, tmp, args, gpu,
-                                                     dict(os.environ)))
+                                                     environ, nice))
                  for r in range(world_size)]
         for p in procs:
             p.start()
@@ -113,6 +119,8 @@ def run_ranks(fn, world_size, *args, timeout=HANG_S, gpu=False):
                     progress, deadline = noted, time.monotonic() + timeout  # is per function
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"ranks still running after {timeout}s (a hang?)")
+                if stop is not None and stop.is_set():  # (a spawn in the background)
+                    raise RuntimeError("stopped: the test session ended while these ranks ran")
                 time.sleep(0.05)
         finally:
             for p in procs:
@@ -149,12 +157,21 @@ def _running(tmp, rank, fn, args):
 # leaves a peer waiting in a collective still ends the whole spawn, at its bound. The spawn's
 # outcome, results or failure, is kept: a second test asking for it does not start it again.
 _SHARED, _SHARED_RESULTS, _SELECTED = {}, {}, None
+# The spawns a session will ask for run in a thread of their own from the start (conftest:
+# start_shared_spawns), one world size after the other, while the tests that start no spawn
+# run: those wait on a torchrun agent or a worker importing torch with a core idle. A test
+# asking for a spawn still running waits for it. {world_size: set when its outcome is in}
+_BACKGROUND, _CRASHES_SAID = {}, {}
+# Their ranks yield the cores to the tests in front (os.nice): those are the longer path, and
+# the spawns fill the cores those leave idle. A lower priority only slows a rank, and no check
+# in a spawn races a clock (each waits for its peers, bounded by HANG_S).
+BACKGROUND_NICE = 10
 
 
 def share_spawn(fn, world_sizes, *args, key=""):
     """Register fn(rank, world_size, *args) to run in the spawn that every test module shares
-    at each of `world_sizes` (call at import: the spawn starts with the first result asked).
-    `key` tells apart two registrations of one function with other arguments."""
+    at each of `world_sizes` (call at import: the spawn starts with the first result asked,
+    or in the background from the start of the session)."""
     for world_size in world_sizes:
         _SHARED.setdefault(world_size, {})[_name(fn, key)] = (fn, args)
 
@@ -165,15 +182,56 @@ def select_modules(modules):
     _SELECTED = set(modules)
 
 
+def _work(world_size):
+    return {name: entry for name, entry in _SHARED.get(world_size, {}).items()
+            if _SELECTED is None or entry[0].__module__ in _SELECTED}
+
+
+def _outcome(world_size, said=None, **run):
+    try:
+        return spawn_shared(world_size, _work(world_size), said, **run)
+    except Exception as failure:  # kept: every test of this spawn reports it, none reruns it
+        return failure
+
+
+def start_shared_spawns(world_sizes):
+    """Run the shared spawns of `world_sizes`, in this order, in a thread; return it. They
+    see this process's environment of now, whatever a test sets later."""
+    warm.context(start=True)  # the fork server, started once, here
+    environ, stop = dict(os.environ), threading.Event()
+    for world_size in world_sizes:
+        _BACKGROUND[world_size] = threading.Event()
+
+    def spawns():
+        for world_size in world_sizes:
+            try:
+                if not stop.is_set():
+                    said = _CRASHES_SAID.setdefault(world_size, [])
+                    _SHARED_RESULTS[world_size] = _outcome(
+                        world_size, said, environ=environ, nice=BACKGROUND_NICE, stop=stop)
+            finally:
+                _BACKGROUND[world_size].set()
+    thread = threading.Thread(target=spawns, name="shared spawns", daemon=True)
+    thread.stop = stop
+    thread.start()
+    return thread
+
+
+def stop_shared_spawns(thread):
+    """At the session's end: a spawn still running (its tests deselected or not reached, as
+    after -x or Ctrl-C) is killed, those not begun never start: no rank outlives the session."""
+    thread.stop.set()
+    thread.join()
+
+
 def shared_results(fn, world_size, key=""):
     """[fn's result on each rank], from the shared spawn of `world_size` ranks."""
+    if world_size in _BACKGROUND:
+        _BACKGROUND[world_size].wait()
+        for note in _CRASHES_SAID.pop(world_size, []):  # said here, in the test that reads it
+            warnings.warn(note, RuntimeWarning)
     if world_size not in _SHARED_RESULTS:
-        work = {name: entry for name, entry in _SHARED[world_size].items()
-                if _SELECTED is None or entry[0].__module__ in _SELECTED}
-        try:
-            _SHARED_RESULTS[world_size] = spawn_shared(world_size, work)
-        except Exception as failure:  # kept: every test of this spawn reports it, none reruns it
-            _SHARED_RESULTS[world_size] = failure
+        _SHARED_RESULTS[world_size] = _outcome(world_size)
     results = _SHARED_RESULTS[world_size]
     if isinstance(results, Exception):
         raise RuntimeError(f"the shared spawn of {world_size} ranks failed") from results
@@ -184,18 +242,24 @@ def shared_results(fn, world_size, key=""):
     return [value for _, value in outcomes]
 
 
-def spawn_shared(world_size, work):
+def spawn_shared(world_size, work, said=None, **run):
     """run_ranks(_run_shared, ...), once more if a rank crashed in native code. One native
     crash of a rank in a CI run (SIGSEGV, with no Python error on any rank) would otherwise
     fail some hundred tests whose checks all ran right; the crash is not hidden: a warning
-    in pytest's summary carries its function and stacks. A second crash, or any other
-    failure (a check, a hang), fails the spawn's tests as before."""
+    in pytest's summary carries its function and stacks (from a spawn in the background, the
+    note goes into the list `said`, and the first test reading its results warns). A second
+    crash, or any other failure (a check, a hang), fails the spawn's tests as before. `run`:
+    run_ranks' keywords."""
     try:
-        return run_ranks(_run_shared, world_size, work)
+        return run_ranks(_run_shared, world_size, work, **run)
     except Crashed as crash:
-        warnings.warn(f"the shared spawn of {world_size} ranks crashed in native code and ran"
-                      f" again:\n{crash}", RuntimeWarning)
-    return run_ranks(_run_shared, world_size, work)
+        note = (f"the shared spawn of {world_size} ranks crashed in native code and ran"
+                f" again:\n{crash}")
+        if said is None:
+            warnings.warn(note, RuntimeWarning)
+        else:  # a thread's warning would land in whichever test runs meanwhile, or nowhere
+            said.append(note)
+    return run_ranks(_run_shared, world_size, work, **run)
 
 
 def _name(fn, key):

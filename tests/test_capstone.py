@@ -112,7 +112,8 @@ def test_recomputation_changes_no_number():
     assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, verdict.stdout
 
 
-@pytest.fixture(scope="module", autouse=True)
+# to the session's end: this module's tests that read a shared spawn run last (conftest)
+@pytest.fixture(scope="session", autouse=True)
 def _clean_tables():
     yield
     shutil.rmtree(TABLES, ignore_errors=True)

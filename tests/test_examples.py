@@ -137,9 +137,14 @@ def test_diff_finds_a_run_with_another_seed(launch):
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_losses_equal_the_lessons_script(launch, nproc):
     # The lesson's own script ends with destroy_process_group() while stock DDP's reducer
-    # still holds the group: how its process then ends is torch's, so torchrun runs it.
+    # still holds the group: how its process then ends is torch's, so torchrun runs it. On
+    # a loaded machine a worker may abort after its last line (std::terminate on a thread of
+    # the freed group, SIGABRT): torch's exit, not the lesson's numbers, which are compared
+    # either way (every loss printed, below).
     lesson = torchrun(nproc, LESSON)
-    assert lesson.returncode == 0, lesson.stderr
+    aborted = ("terminate called without an active exception" in lesson.stderr
+               and "(exitcode: -6)" in lesson.stderr)
+    assert lesson.returncode == 0 or aborted, lesson.stderr
     expected = losses(lesson.stdout)
     assert sorted(expected) == list(range(nproc)) and all(len(v) == 6 // nproc for v in expected.values())
     for script in (STOCK, MANUAL):

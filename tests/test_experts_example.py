@@ -54,7 +54,8 @@ def _train(rank, world_size, tables):
 share_spawn(_train, [2, 4], TABLES)
 
 
-@pytest.fixture(scope="module", autouse=True)
+# to the session's end: this module's tests that read a shared spawn run last (conftest)
+@pytest.fixture(scope="session", autouse=True)
 def _clean_tables():
     yield
     shutil.rmtree(TABLES, ignore_errors=True)

@@ -5,6 +5,7 @@
 
 import ctypes
 import os
+import time
 
 import pytest
 import torch.distributed as dist
@@ -69,3 +70,36 @@ def test_a_native_crash_is_run_again_once_and_warned_with_its_stack(tmp_path):
     assert [o["test_helpers._crashes"] for o in out] == [(True, 0), (True, 1)]
     with pytest.warns(RuntimeWarning), pytest.raises(helpers.Crashed, match="exit code -11"):
         helpers.spawn_shared(2, {"test_helpers._crashes": (_crashes, (None,))})
+
+
+def _sleeps(rank, world_size, folder):
+    """Note this rank's pid, then wait far past any test: only a kill ends it."""
+    open(os.path.join(folder, f"rank{rank}.pid"), "w").write(str(os.getpid()))
+    time.sleep(helpers.HANG_S)
+
+
+def test_a_spawn_in_the_background_is_killed_at_the_sessions_end(tmp_path, monkeypatch):
+    # World sizes 5 and 6: none of the session's own spawns (those are left alone).
+    work = {"test_helpers._sleeps": (_sleeps, (str(tmp_path),))}
+    for registry in (helpers._SHARED, helpers._SHARED_RESULTS, helpers._BACKGROUND,
+                     helpers._CRASHES_SAID):
+        for world_size in (5, 6):  # set through monkeypatch: gone again after the test
+            monkeypatch.setitem(registry, world_size, dict(work))
+            del registry[world_size]
+    monkeypatch.setitem(helpers._SHARED, 5, work)
+    monkeypatch.setitem(helpers._SHARED, 6, work)
+    thread = helpers.start_shared_spawns([5, 6])
+    deadline = time.monotonic() + helpers.HANG_S
+    while len(list(tmp_path.glob("*.pid"))) < 5:  # every rank of 5 started
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.05)
+    pids = [int(path.read_text()) for path in tmp_path.glob("*.pid")]
+    helpers.stop_shared_spawns(thread)
+    assert not thread.is_alive()
+    for pid in pids:  # killed and reaped (run_ranks joins them)
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    with pytest.raises(RuntimeError, match="the shared spawn of 5 ranks failed") as failed:
+        helpers.shared_results(_sleeps, 5)
+    assert "stopped: the test session ended" in str(failed.value.__cause__)
+    assert helpers._BACKGROUND[6].is_set() and 6 not in helpers._SHARED_RESULTS  # never begun

@@ -286,7 +286,8 @@ def test_a_batch_the_microbatches_do_not_divide_is_refused_on_every_rank():
                 "a batch of 9 cannot be cut into 8 equal microbatches"), (rank, name, message)
 
 
-@pytest.fixture(scope="module", autouse=True)
+# to the session's end: this module's tests that read a shared spawn run last (conftest)
+@pytest.fixture(scope="session", autouse=True)
 def _clean_tables():
     yield
     shutil.rmtree(TABLES, ignore_errors=True)

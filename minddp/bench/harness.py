@@ -87,7 +87,9 @@ def per_round(mine, stock):
     ratios = [a / b for a, b in zip(mine, stock)]
     if len(ratios) < 2:
         return f"{ratios[0]:.2f}x"
-    q1, q2, q3 = statistics.quantiles(ratios, n=4)
+    # inclusive: the quartiles lie within the ratios seen (the default, exclusive, reaches
+    # past them with few rounds: a range below 0 from 2 rounds)
+    q1, q2, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
     return f"{q2:.2f}x ({q1:.2f}-{q3:.2f})"
 
 
