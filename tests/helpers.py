@@ -42,10 +42,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 _OUT_DIR = None  # a rank's folder of results: where the shared spawn notes its progress
 
 
-def _entry(fn, rank, world_size, store_file, out_dir, args, gpu, environ, nice):
+def _entry(fn, rank, world_size, store_file, out_dir, args, gpu, environ):
     global _OUT_DIR
     _OUT_DIR = out_dir
-    os.nice(nice)
     # A crash in C++ (a segfault in a kernel or in gloo) leaves no traceback: this file gets
     # every thread's Python stack instead, for the failure message.
     fault = open(os.path.join(out_dir, f"rank{rank}.fault"), "w")
@@ -90,14 +89,13 @@ class Crashed(RuntimeError):
     no check of ours raises; its message holds the rank's Python stacks (faulthandler)."""
 
 
-def run_ranks(fn, world_size, *args, timeout=HANG_S, gpu=False, environ=None, nice=0,
-              stop=None):
+def run_ranks(fn, world_size, *args, timeout=HANG_S, gpu=False, environ=None, stop=None):
     """Run fn(rank, world_size, *args) on `world_size` spawned gloo ranks; return [result per rank].
 
     fn must be a module-level function (it is pickled by name). A rank that fails
     ends all of them at once; so does the deadline. CUDA is hidden unless gpu=True. The ranks
-    see `environ`, or this process's environment now; `nice` lowers their priority. Once
-    the event `stop` is set, the ranks are killed.
+    see `environ`, or this process's environment now. Once the event `stop` is set, the
+    ranks are killed.
     """
     ctx = warm.context()  # forked from a server that has torch imported (minddp/run/warm.py)
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,7 +103,7 @@ def run_ranks(fn, world_size, *args, timeout=HANG_S, gpu=False, environ=None, ni
         store = os.path.join(tmp, "store")
         environ = dict(os.environ) if environ is None else environ
         procs = [ctx.Process(target=_entry, args=(fn, r, world_size, store, tmp, args, gpu,
-                                                     environ, nice))
+                                                     environ))
                  for r in range(world_size)]
         for p in procs:
             p.start()
@@ -162,10 +160,8 @@ _SHARED, _SHARED_RESULTS, _SELECTED = {}, {}, None
 # run: those wait on a torchrun agent or a worker importing torch with a core idle. A test
 # asking for a spawn still running waits for it. {world_size: set when its outcome is in}
 _BACKGROUND, _CRASHES_SAID = {}, {}
-# Their ranks yield the cores to the tests in front (os.nice): those are the longer path, and
-# the spawns fill the cores those leave idle. A lower priority only slows a rank, and no check
-# in a spawn races a clock (each waits for its peers, bounded by HANG_S).
-BACKGROUND_NICE = 10
+# Their ranks keep the usual priority. At nice 10 the quiet suite took 465 s, not about 490,
+# but beside two busy loops the last tests still waited on the starved spawns at 28 minutes.
 
 
 def share_spawn(fn, world_sizes, *args, key=""):
@@ -208,7 +204,7 @@ def start_shared_spawns(world_sizes):
                 if not stop.is_set():
                     said = _CRASHES_SAID.setdefault(world_size, [])
                     _SHARED_RESULTS[world_size] = _outcome(
-                        world_size, said, environ=environ, nice=BACKGROUND_NICE, stop=stop)
+                        world_size, said, environ=environ, stop=stop)
             finally:
                 _BACKGROUND[world_size].set()
     thread = threading.Thread(target=spawns, name="shared spawns", daemon=True)
