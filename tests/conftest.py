@@ -25,13 +25,14 @@ def pytest_collection_modifyitems(config, items):
     background from now on; the tests that read their results run last, when they are in."""
     select_modules({item.module.__name__ for item in items if item.module is not None})
     readers = [item for item in items if _reads_a_spawn(item)]
-    items[:] = [item for item in items if item not in set(readers)] + readers
+    reading = set(readers)
+    items[:] = [item for item in items if item not in reading] + readers
     modules = {item.module.__name__ for item in readers}
     world_sizes = sorted({world_size for world_size, work in helpers._SHARED.items()
                           for fn, _ in work.values() if fn.__module__ in modules},
                          key=lambda world_size: -len(helpers._work(world_size)))
     if world_sizes and not config.option.collectonly:
-        config.stash[_SPAWNS] = start_shared_spawns(world_sizes)  # the most work first
+        config.stash[_SPAWNS] = start_shared_spawns(world_sizes)  # most functions first
 
 
 def pytest_sessionfinish(session):

@@ -167,7 +167,8 @@ _BACKGROUND, _CRASHES_SAID = {}, {}
 def share_spawn(fn, world_sizes, *args, key=""):
     """Register fn(rank, world_size, *args) to run in the spawn that every test module shares
     at each of `world_sizes` (call at import: the spawn starts with the first result asked,
-    or in the background from the start of the session)."""
+    or in the background from the start of the session). `key` tells apart two registrations
+    of one function with other arguments."""
     for world_size in world_sizes:
         _SHARED.setdefault(world_size, {})[_name(fn, key)] = (fn, args)
 
