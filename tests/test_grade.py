@@ -13,6 +13,7 @@ never completes, with the collective each rank was in; a file or a flag the grad
 use is one line, exit 2.
 """
 
+import contextlib
 import json
 import pathlib
 import re
@@ -909,3 +910,45 @@ def test_a_hangs_mismatch_is_named_only_where_the_calls_show_it():
     assert why({0: ("all_reduce", world, True), 1: grader, 2: grader}, 3, [1, 2]) is None
     assert why({0: ("broadcast", dict(world, src=0), False),
                 1: ("broadcast", dict(world, src=1), False)}, 2) is None
+
+
+def test_stocks_checkpoint_runs_are_kept_per_state_and_made_again_where_a_student_left_one(
+        monkeypatch):
+    """recompute's grader keeps stock's run of a case for the next file it grades in the same
+    process; never across state a student's checkpoint could leave changed, where it runs
+    stock's again (in that state, as before it kept any)."""
+    import torch
+    from minddp.grader import lessons
+    from minddp.memory.recompute import MATMULS
+    monkeypatch.setattr(lessons, "_REFERENCES", {})
+    case = next(c for c in lessons._recompute_cases() if c["autocast"])
+    kept = lessons._reference(case, "stock", MATMULS)
+    assert lessons._reference(case, "stock", MATMULS) is kept
+    assert lessons._reference(case, "stock", MATMULS[:1]) is not kept  # the student's save_ops
+    fresh = lessons._run(case, "stock", MATMULS)
+    assert all(torch.equal(kept[k], fresh[k]) if isinstance(fresh[k], torch.Tensor)
+               else kept[k] == fresh[k] for k in fresh)
+    clean = lessons._state()
+    leaks = {"autocast left on": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+             "saved-tensors hooks left pushed": lambda: torch.autograd.graph.saved_tensors_hooks(
+                 lambda t: t, lambda t: t),
+             "float64 left the default": lambda: _default_dtype(torch.float64)}
+    for leak, left in leaks.items():
+        with left():
+            assert lessons._state() != clean, leak
+            again = lessons._reference(case, "stock", MATMULS)
+            assert again is not kept, leak
+            assert lessons._reference(case, "stock", MATMULS) is again, leak
+        assert lessons._state() == clean
+    assert lessons._reference(case, "stock", MATMULS) is kept
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype):
+    import torch
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
