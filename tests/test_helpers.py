@@ -89,12 +89,14 @@ def test_a_spawn_in_the_background_is_killed_at_the_sessions_end(tmp_path, monke
     monkeypatch.setitem(helpers._SHARED, 5, work)
     monkeypatch.setitem(helpers._SHARED, 6, work)
     thread = helpers.start_shared_spawns([5, 6])
-    deadline = time.monotonic() + helpers.HANG_S
-    while len(list(tmp_path.glob("*.pid"))) < 5:  # every rank of 5 started
-        assert time.monotonic() < deadline and thread.is_alive()
-        time.sleep(0.05)
-    pids = [int(path.read_text()) for path in tmp_path.glob("*.pid")]
-    helpers.stop_shared_spawns(thread)
+    try:
+        deadline = time.monotonic() + helpers.HANG_S
+        while len(list(tmp_path.glob("*.pid"))) < 5:  # every rank of 5 started
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.05)
+        pids = [int(path.read_text()) for path in tmp_path.glob("*.pid")]
+    finally:  # (a failure above leaves no rank sleeping)
+        helpers.stop_shared_spawns(thread)
     assert not thread.is_alive()
     for pid in pids:  # killed and reaped (run_ranks joins them)
         with pytest.raises(ProcessLookupError):
