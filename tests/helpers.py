@@ -160,8 +160,10 @@ _SHARED, _SHARED_RESULTS, _SELECTED = {}, {}, None
 # run: those wait on a torchrun agent or a worker importing torch with a core idle. A test
 # asking for a spawn still running waits for it. {world_size: set when its outcome is in}
 _BACKGROUND, _CRASHES_SAID = {}, {}
-# Their ranks keep the usual priority. At nice 10 the quiet suite took 465 s, not about 490,
-# but beside two busy loops the last tests still waited on the starved spawns at 28 minutes.
+# Their ranks keep the usual priority. At nice 10, quiet, the suite took 465-560 s in four
+# runs on two days, at the usual priority 497-564 s in four: no gain the machine's own pace
+# does not cover; and beside two busy loops, at nice 10, the last tests still waited on the
+# starved spawns at 28 minutes.
 
 
 def share_spawn(fn, world_sizes, *args, key=""):
