@@ -161,7 +161,7 @@ _SHARED, _SHARED_RESULTS, _SELECTED = {}, {}, None
 # asking for a spawn still running waits for it. {world_size: set when its outcome is in}
 _BACKGROUND, _CRASHES_SAID = {}, {}
 # Their ranks keep the usual priority. At nice 10, quiet, the suite took 465-560 s in four
-# runs on two days, at the usual priority 497-564 s in four: no gain the machine's own pace
+# runs on two days, at the usual priority 497-596 s in six: no gain the machine's own pace
 # does not cover; and beside two busy loops, at nice 10, the last tests still waited on the
 # starved spawns at 28 minutes.
 
