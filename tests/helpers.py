@@ -298,7 +298,7 @@ def printed_by_main(script, env, argv, world_size):
 
 def assert_identical_tables(a, b, world_size, steps=3):
     """`minddp diff a b` must say IDENTICAL, for tables of `world_size` ranks and `steps`."""
-    verdict = run([sys.executable, "-m", "minddp", "diff", str(a), str(b)])
+    verdict = cli("diff", a, b)  # in this process (test_ddp.py runs the command)
     assert verdict.returncode == 0 and "verdict: IDENTICAL" in verdict.stdout, \
         verdict.stdout + verdict.stderr
     assert f"world size {world_size}, {steps} steps" in verdict.stdout, verdict.stdout

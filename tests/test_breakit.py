@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from helpers import REPO, run, share_spawn, shared_results, torchrun, warm_torchrun
+from helpers import REPO, cli, run, share_spawn, shared_results, torchrun, warm_torchrun
 from minddp import ReplicaError, UsageError, check_replicas
 
 BREAK = REPO / "examples" / "break_ddp.py"
@@ -67,7 +67,7 @@ def tables(breaks, launch):
 
 
 def diff(a, b):
-    return run([sys.executable, "-m", "minddp", "diff", str(a), str(b)])
+    return cli("diff", a, b)  # in this process (test_ddp.py runs the command)
 
 
 def test_diff_finds_the_missing_division_and_the_skipped_average(tables):

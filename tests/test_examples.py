@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, run, torchrun, warm_torchrun
+from helpers import REPO, cli, run, torchrun, warm_torchrun
 
 STOCK, MANUAL = REPO / "examples" / "stock_ddp.py", REPO / "examples" / "manual_ddp.py"
 ACCUMULATE = REPO / "examples" / "accumulate.py"
@@ -27,7 +27,7 @@ def losses(output):
 
 
 def diff(a, b, *extra):
-    return run([sys.executable, "-m", "minddp", "diff", str(a), str(b), *extra])
+    return cli("diff", a, b, *extra)  # in this process (test_ddp.py runs the command)
 
 
 @pytest.mark.parametrize("nproc", [1, 2])

@@ -14,8 +14,8 @@ import uuid
 import pytest
 import torch
 
-from helpers import (HANG_S, REPO, TAG, kill_tagged, run, run_ranks, share_spawn, shared_results,
-                     torchrun)
+from helpers import (HANG_S, REPO, TAG, cli, kill_tagged, run, run_ranks, share_spawn,
+                     shared_results, torchrun)
 from minddp import (GradTable, ManualDDP, NaiveDDP, NeuralNetwork, UsageError, load_checkpoint,
                     save_checkpoint)
 import minddp.run.checkpoint
@@ -25,7 +25,7 @@ STUCK = REPO / "tests" / "scripts" / "stuck_peer.py"
 
 
 def diff(a, b):
-    return run([sys.executable, "-m", "minddp", "diff", str(a), str(b)])
+    return cli("diff", a, b)  # in this process (test_ddp.py runs the command)
 
 
 def weights(checkpoint):
