@@ -109,13 +109,13 @@ def kept_bytes(module, s, b, h, settle_s=0.0):
     refs = [weakref.ref(x), *outputs.made]
     del x
     gc.collect()
-    out = y.untyped_storage().data_ptr()
+    skip = weights | {y.untyped_storage().data_ptr(), 0}  # the weights', the output's, none
 
     def count():
         alive = {}
         for t in (t for t in (r() for r in refs) if t is not None):
             storage = t.untyped_storage()
-            if storage.data_ptr() not in weights | {out, 0}:
+            if storage.data_ptr() not in skip:
                 alive[storage.data_ptr()] = storage.nbytes()
         return sum(alive.values())
     # A collective's tensor can outlive it by a moment: a TP block at 2 ranks beside two busy
