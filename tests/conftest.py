@@ -8,7 +8,9 @@ import inspect
 
 import pytest
 
+import ahead
 import helpers
+from ahead import launches_in
 from helpers import select_modules, start_shared_spawns, stop_shared_spawns, warm_torchrun
 from minddp.run.cli import torch_too_old
 
@@ -22,7 +24,8 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """The shared spawns run the registered work of the selected tests' modules only, in the
-    background from now on; the tests that read their results run last, when they are in."""
+    background from now on; the tests that read their results run last, when they are in.
+    The launches the selected tests read (tests/ahead.py) run ahead of them, in a thread."""
     select_modules({item.module.__name__ for item in items if item.module is not None})
     readers = [item for item in items if _reads_a_spawn(item)]
     reading = set(readers)
@@ -33,34 +36,57 @@ def pytest_collection_modifyitems(config, items):
                          key=lambda world_size: -len(helpers._work(world_size)))
     if world_sizes and not config.option.collectonly:
         config.stash[_SPAWNS] = start_shared_spawns(world_sizes)  # most functions first
+    launches = _launches_ahead(items)
+    if launches and not config.option.collectonly:
+        config.stash[_AHEAD] = ahead.start(launches)
 
 
 def pytest_sessionfinish(session):
+    if _AHEAD in session.config.stash:
+        ahead.stop(session.config.stash[_AHEAD])
     if _SPAWNS in session.config.stash:
         stop_shared_spawns(session.config.stash[_SPAWNS])
 
 
-_SPAWNS = pytest.StashKey()
-_READERS = {}  # module name: its top-level functions that read a shared spawn's results
+_SPAWNS, _AHEAD = pytest.StashKey(), pytest.StashKey()
+_USES = {}  # module name: {top-level function: the names its body uses}
+
+
+def _reached(item):
+    """The names the test, its module's fixtures and the module's functions these call
+    use, read with ast: whether it reads a shared spawn, and which launches ahead."""
+    module = item.module
+    if module.__name__ not in _USES:
+        tree = ast.parse(inspect.getsource(module))
+        _USES[module.__name__] = {
+            node.name: {name.id for name in ast.walk(node) if isinstance(name, ast.Name)}
+            for node in tree.body if isinstance(node, ast.FunctionDef)}
+    uses = _USES[module.__name__]
+    reached = {getattr(item, "originalname", item.name), *getattr(item, "fixturenames", ())}
+    more = reached
+    while more:
+        more = set().union(*(uses.get(name, set()) for name in more)) - reached
+        reached |= more
+    return reached
 
 
 def _reads_a_spawn(item):
     """Whether the test (or a fixture of its module) calls shared_results, directly or
-    through another function of its module: read with ast. Only the order depends on it."""
-    module = item.module
-    if module is None:
-        return False
-    if module.__name__ not in _READERS:
-        tree = ast.parse(inspect.getsource(module))
-        uses = {node.name: {name.id for name in ast.walk(node) if isinstance(name, ast.Name)}
-                for node in tree.body if isinstance(node, ast.FunctionDef)}
-        readers, more = {"shared_results"}, True
-        while more:
-            found = {name for name, used in uses.items() if used & readers} - readers
-            readers, more = readers | found, bool(found)
-        _READERS[module.__name__] = readers
-    names = {getattr(item, "originalname", item.name), *getattr(item, "fixturenames", ())}
-    return bool(names & _READERS[module.__name__])
+    through another function of its module. Only the order depends on it."""
+    return item.module is not None and "shared_results" in _reached(item)
+
+
+def _launches_ahead(items):
+    """The launches (tests/ahead.py) the selected tests read, in the order of the first test
+    to read each."""
+    order = []
+    for item in items:
+        if item.module is not None:
+            reached = _reached(item)
+            for name, launches in launches_in(item.module).items():
+                if name in reached:
+                    order += [launch for launch in launches if launch not in order]
+    return order
 
 
 @pytest.fixture(scope="session")

@@ -374,6 +374,17 @@ class Hang(AssertionError):
         self.tag, self.stdout, self.stderr = tag, stdout, stderr
 
 
+# A launch run ahead of its test (tests/ahead.py) sees the environment of the session's start
+# (LAUNCH_ENV.environ in its thread), whatever a test running meanwhile sets; STOPPING, set at
+# the session's end, kills a run still going.
+LAUNCH_ENV, STOPPING = threading.local(), threading.Event()
+
+
+def launch_environ():
+    """The environment a process started now gets: the session's start's, ahead of a test."""
+    return getattr(LAUNCH_ENV, "environ", os.environ)
+
+
 def run(cmd, timeout=HANG_S, env=None, gpu=False, until=()):
     """Run a command under a hard bound; at the bound kill all it started and raise Hang.
 
@@ -384,7 +395,7 @@ def run(cmd, timeout=HANG_S, env=None, gpu=False, until=()):
     time. CUDA is hidden from the command unless gpu=True: the suite means CPU and gloo.
     """
     tag = uuid.uuid4().hex
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    full_env = dict(launch_environ(), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
     if not gpu:
         full_env["CUDA_VISIBLE_DEVICES"] = ""
     full_env[TAG] = tag
@@ -397,7 +408,7 @@ def run(cmd, timeout=HANG_S, env=None, gpu=False, until=()):
                 if until and all(line in _read(out) for line in until):
                     killed = True  # every awaited line is out: the event, not a deadline
                     break
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or STOPPING.is_set():
                     timed_out = True
                     break
                 time.sleep(0.1)
@@ -406,8 +417,9 @@ def run(cmd, timeout=HANG_S, env=None, gpu=False, until=()):
             proc.wait()
         stdout, stderr = _read(out), _read(err)
     if timed_out:
-        raise Hang(f"{' '.join(map(str, cmd))} still running after {timeout}s (a hang?);"
-                   f" killed\n{stdout[-2000:]}\n{stderr[-2000:]}", tag, stdout, stderr)
+        why = "the session ended" if STOPPING.is_set() else f"{timeout}s (a hang?)"
+        raise Hang(f"{' '.join(map(str, cmd))} still running after {why}; killed"
+                   f"\n{stdout[-2000:]}\n{stderr[-2000:]}", tag, stdout, stderr)
     result = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     result.killed, result.tag = killed, tag
     return result

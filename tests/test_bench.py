@@ -11,14 +11,18 @@ import sys
 
 import pytest
 
+from ahead import ahead_run
 from helpers import cli, run, share_spawn, shared_results
 from minddp.pp.stage import MAX_DIMS
 
 
+BENCH = ahead_run([sys.executable, "-m", "minddp", "bench", "--sizes", "0.3M", "--world-sizes",
+                   "2", "--rounds", "2", "--warmup", "1"])
+
+
 def test_bench_reports_every_contender_as_a_ratio_to_stock():
     # (a process of its own, as a user runs it: the ranks' progress lines come on its stderr)
-    result = run([sys.executable, "-m", "minddp", "bench", "--sizes", "0.3M", "--world-sizes", "2",
-                  "--rounds", "2", "--warmup", "1"])
+    result = BENCH.result()
     assert result.returncode == 0, result.stderr[-3000:]
     # Progress on stderr: what will run, then each case as it is done; stdout: the table.
     said = [line for line in result.stderr.splitlines() if line.startswith("minddp bench: ")]

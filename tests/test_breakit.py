@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from helpers import REPO, cli, run, share_spawn, shared_results, torchrun, warm_torchrun
+from ahead import ahead_run, ahead_torchrun
+from helpers import REPO, cli, share_spawn, shared_results, warm_torchrun
 from minddp import ReplicaError, UsageError, check_replicas
 
 BREAK = REPO / "examples" / "break_ddp.py"
@@ -82,13 +83,17 @@ def test_diff_finds_the_missing_division_and_the_skipped_average(tables):
     assert "the averaging was skipped" in skipped.stdout and "table B:" not in skipped.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--break", "nothing"], "error: unknown --break 'nothing': choose one of all, none, broadcast,"
-                             " average, divide, set_epoch, shard"),
-    (["--break", "divide"], "error: the break-it demo needs 2 or more processes"),
+MISTAKES = {name: ahead_run([sys.executable, str(BREAK), "--break", name])
+            for name in ("nothing", "divide")}
+
+
+@pytest.mark.parametrize("name,message", [
+    ("nothing", "error: unknown --break 'nothing': choose one of all, none, broadcast,"
+                " average, divide, set_epoch, shard"),
+    ("divide", "error: the break-it demo needs 2 or more processes"),
 ])
-def test_break_mistakes_are_one_line_and_a_hint(args, message):
-    result = run([sys.executable, str(BREAK), *args])
+def test_break_mistakes_are_one_line_and_a_hint(name, message):
+    result = MISTAKES[name].result()
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert lines[0].startswith(message) and lines[1].startswith("---> HINT:") and len(lines) == 2
@@ -144,9 +149,12 @@ def test_check_replicas(where, expected):
         assert message.startswith(expected), message
 
 
+FSDP_BREAKS = ahead_run([sys.executable, str(REPO / "examples" / "break_fsdp.py"), "--break", "all"])
+
+
 def test_fsdp_breaks_show_their_damage():
     # World size 1 shows both: the freed weights and the storage never freed.
-    result = run([sys.executable, str(REPO / "examples" / "break_fsdp.py"), "--break", "all"])
+    result = FSDP_BREAKS.result()
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     verdicts = dict(zip(lines[0::2], lines[1::2]))
@@ -199,6 +207,10 @@ def test_tp_breaks_show_their_damage(tmp_path):
     assert verdict.returncode == 0 and "IDENTICAL" in verdict.stdout, verdict.stdout
 
 
+PP_HANGS = {name: ahead_torchrun(2, REPO / "examples" / "break_pp.py", "--break", name,
+                                  "--timeout", "2") for name in ("deadlock", "v-on-loop")}
+
+
 def test_pp_breaks_show_their_damage(tmp_path):
     # 2 stages against stock's ScheduleGPipe (examples/break_pp.py): the undivided loss is
     # named a factor of 4 (the microbatches) by the diff tool; a deadlocking order ends
@@ -215,7 +227,7 @@ def test_pp_breaks_show_their_damage(tmp_path):
     assert verdict.returncode == 1 and "4.000x" in verdict.stdout, verdict.stdout
     # (each stage's rows hold NaN for the other stage's weights: the gap is still a number)
     assert re.search(r"by [\d.]+ rounding units", verdict.stdout), verdict.stdout
-    result = torchrun(2, script, "--break", "deadlock", "--timeout", "2")
+    result = PP_HANGS["deadlock"].result()
     assert result.returncode != 0
     # Both stages time out at about the same moment; torchrun stops the other worker as soon
     # as one has failed, so whether the second says so itself is a race: each stage that
@@ -235,7 +247,7 @@ def test_pp_breaks_show_their_damage(tmp_path):
     assert "[rank1] error: stage 3: W0 before I0: the weights' gradients start from what I" \
            " kept" in output, output[-2000:]
     assert "rank 1 1F0 1F1 3F0 3W0 3I0" in output, output[-2000:]
-    result = torchrun(2, script, "--break", "v-on-loop", "--timeout", "2")
+    result = PP_HANGS["v-on-loop"].result()
     output = result.stdout + result.stderr
     assert result.returncode != 0
     named = [r for r, held in ((0, "0, 2"), (1, "1, 3")) if f"[rank{r}] error: stages {held} of"

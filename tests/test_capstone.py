@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from ahead import ahead, ahead_run
 from helpers import (REPO, assert_identical_tables, load_script, printed_by_main, run,
                      share_spawn, shared_results, torchrun)
 from minddp import UsageError
@@ -166,16 +167,23 @@ def test_the_clipped_norm_is_the_whole_models_gradient_norm(world_size, flags):
         assert norm > 0.1  # so the clip scaled every gradient
 
 
-def test_the_script_under_torchrun_trains_and_exits_cleanly(tmp_path):
-    result = torchrun(2, SCRIPT, "--mesh", "tp=2", "--grad-table", tmp_path / "tp.txt")
+UNDER_TORCHRUN = ahead(lambda tmp: torchrun(2, SCRIPT, "--mesh", "tp=2", "--grad-table",
+                                             tmp / "tp.txt"))
+
+
+def test_the_script_under_torchrun_trains_and_exits_cleanly():
+    result, tmp_path = UNDER_TORCHRUN.result(), UNDER_TORCHRUN.tmp
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[rank0] mesh (tp 0/2): layers 0-3 of 4" in result.stdout
     assert "[rank0] step 3/3 | loss " in result.stdout
     assert "outlived" not in result.stdout and (tmp_path / "tp.txt.npz").exists()
 
 
+MESH_TOO_BIG = ahead_run([sys.executable, str(SCRIPT), "--mesh", "dp=2,tp=2"])  # a world of one
+
+
 def test_a_mesh_that_does_not_fit_is_refused_before_torch_loads():
-    result = run([sys.executable, str(SCRIPT), "--mesh", "dp=2,tp=2"])  # a world of one
+    result = MESH_TOO_BIG.result()
     assert result.returncode == 2
     assert result.stderr.splitlines()[0] == \
         "error: --mesh dp=2,tp=2 holds 4 ranks, but the world has 1", result.stderr

@@ -31,8 +31,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import minddp.collectives as mine
+from ahead import ahead_torchrun
 from helpers import REPO, assert_identical_tables, cli, share_spawn, shared_results, \
-    torchrun, usage_errors
+    usage_errors
 from minddp.bench.collectives import counting_sent
 from minddp.collectives import checks, chosen, cost
 from minddp.collectives.ring_all_reduce import gloo_blocks
@@ -565,9 +566,12 @@ def test_manual_ddp_with_collectives_minddp_is_identical_to_stock(launch):
     assert_identical_tables(ours, stock, 3, steps=3)
 
 
+BREAKS = ahead_torchrun(2, REPO / "examples" / "break_collectives.py", "--break", "all",
+                        "--timeout", "3")
+
+
 def test_break_collectives_names_each_break_and_the_hang():
-    result = torchrun(2, REPO / "examples" / "break_collectives.py", "--break", "all",
-                      "--timeout", "3")
+    result = BREAKS.result()
     out = result.stdout + result.stderr
     assert result.returncode == 1, out
     assert "--break none: every rank equal to gloo's all_reduce, bit for bit" in out

@@ -23,6 +23,7 @@ import tempfile
 import pytest
 import torch
 
+from ahead import ahead, ahead_run
 from helpers import (REPO, assert_identical_tables, load_script, printed_by_main, run,
                      share_spawn, shared_results, torchrun, usage_errors)
 from minddp import UsageError
@@ -82,8 +83,11 @@ def test_each_rank_holds_its_chunks():
     assert firsts[1] == "[rank1] dp 0, cp 1: positions 8-15 of each sequence"
 
 
-def test_the_script_under_torchrun_trains_and_exits_cleanly(tmp_path):
-    result = torchrun(2, SCRIPT, "--grad-table", tmp_path / "cp.txt")
+UNDER_TORCHRUN = ahead(lambda tmp: torchrun(2, SCRIPT, "--grad-table", tmp / "cp.txt"))
+
+
+def test_the_script_under_torchrun_trains_and_exits_cleanly():
+    result, tmp_path = UNDER_TORCHRUN.result(), UNDER_TORCHRUN.tmp
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[rank0] dp 0, cp 0: positions 0-3 and 12-15 of each sequence" in result.stdout
     assert "[rank1] step 3/3 | loss " in result.stdout
@@ -103,8 +107,11 @@ def test_a_run_that_cannot_cut_its_sequences_is_one_line(argv, world_size, messa
     assert error.value.message == message and error.value.same_on_every_rank
 
 
+BATCH_ZERO = ahead_run([sys.executable, str(SCRIPT), "--batch", "0"])
+
+
 def test_a_count_below_one_is_refused_before_torch_loads():
-    result = run([sys.executable, str(SCRIPT), "--batch", "0"])
+    result = BATCH_ZERO.result()
     assert result.returncode == 2
     assert result.stderr.splitlines()[0] == "error: --batch 0: must be 1 or more", result.stderr
 

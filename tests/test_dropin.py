@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ahead import ahead
 from helpers import REPO, run, run_ranks, torchrun
 from minddp import BucketedDDP, ManualDDP, NaiveDDP, UsageError
 
@@ -35,19 +36,28 @@ def _equal(a, b):
     return a == b
 
 
-@pytest.mark.parametrize("client", list(CLIENTS))
-def test_client_code_with_the_import_swapped_is_bitwise_stock(client, tmp_path):
+def _client(tmp, client, wrapper):
+    """The client's script as written (stock) or with ManualDDP imported, under torchrun:
+    (result, the file it saved)."""
     script, saved = CLIENTS[client]
     source = (REPO / "tests" / "clients" / script).read_text()
     assert source.count(STOCK_IMPORT) == 1
+    if wrapper == "manual":
+        source = source.replace(STOCK_IMPORT, "from minddp import ManualDDP as DDP")
+    (tmp / script).write_text(source)
+    out = tmp / saved
+    return torchrun(2, tmp / script, out if client == "tutorial" else tmp), out
+
+
+RUNS = {(client, wrapper): ahead(_client, client, wrapper)
+        for client in CLIENTS for wrapper in ("stock", "manual")}
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
+def test_client_code_with_the_import_swapped_is_bitwise_stock(client):
     runs = {}
-    for wrapper, text in (("stock", source),
-                          ("manual", source.replace(STOCK_IMPORT, "from minddp import ManualDDP as DDP"))):
-        (tmp_path / wrapper).mkdir()
-        path = tmp_path / wrapper / script
-        path.write_text(text)
-        out = tmp_path / wrapper / saved
-        result = torchrun(2, path, out if client == "tutorial" else tmp_path / wrapper)
+    for wrapper in ("stock", "manual"):
+        result, out = RUNS[client, wrapper].result()
         if wrapper == "stock" and result.returncode != 0 and out.exists() \
                 and "terminate called without an active exception" in result.stderr:
             # The reference itself: stock DDP's reducer holds the group the client destroyed,

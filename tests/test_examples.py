@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from ahead import ahead, ahead_run, ahead_torchrun
 from helpers import REPO, cli, run, torchrun, warm_torchrun
 
 STOCK, MANUAL = REPO / "examples" / "stock_ddp.py", REPO / "examples" / "manual_ddp.py"
@@ -110,12 +111,16 @@ def test_fsdp_example_equals_stock_fully_shard_and_stock_ddp(launch):
     assert losses(result.stdout) == losses(stock_result.stdout)  # the lesson's losses
 
 
-def test_timeline_recording_changes_no_gradient(launch, tmp_path):
+TRACED = ahead(lambda tmp: torchrun(2, MANUAL, "--grad-table", tmp / "traced.txt",
+                                     "--timeline", tmp / "t.json"))
+
+
+def test_timeline_recording_changes_no_gradient(launch):
     # The real torchrun, beside the warm workers `launch` forks (helpers.warm_torchrun): the
     # same gradients, bit for bit, and the same lines printed, the table's own line apart.
     (warm, plain) = launch(MANUAL, 2)
+    result, tmp_path = TRACED.result(), TRACED.tmp
     traced = tmp_path / "traced.txt"
-    result = torchrun(2, MANUAL, "--grad-table", traced, "--timeline", tmp_path / "t.json")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "verdict: IDENTICAL" in diff(traced, plain).stdout
     printed = [sorted(line for line in run_.stdout.splitlines()
@@ -134,6 +139,9 @@ def test_diff_finds_a_run_with_another_seed(launch):
     assert "more than rounding" in verdict.stdout
 
 
+LESSONS = {nproc: ahead_torchrun(nproc, LESSON) for nproc in (1, 2)}
+
+
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_losses_equal_the_lessons_script(launch, nproc):
     # The lesson's own script ends with destroy_process_group() while stock DDP's reducer
@@ -141,7 +149,7 @@ def test_losses_equal_the_lessons_script(launch, nproc):
     # a loaded machine a worker may abort after its last line (std::terminate on a thread of
     # the freed group, SIGABRT): torch's exit, not the lesson's numbers, which are compared
     # either way (every loss printed, below).
-    lesson = torchrun(nproc, LESSON)
+    lesson = LESSONS[nproc].result()
     aborted = ("terminate called without an active exception" in lesson.stderr
                and "(exitcode: -6)" in lesson.stderr)
     assert lesson.returncode == 0 or aborted, lesson.stderr
@@ -158,10 +166,14 @@ def test_accuracy_is_printed_once_and_global(launch):
     assert "Training accuracy 1.0" in result.stdout and "Test accuracy 1.0" in result.stdout
 
 
+PLAIN = {script: ahead(lambda tmp, script: run([sys.executable, str(script), "--grad-table",
+                                                  tmp / "plain.txt"]), script)
+         for script in (STOCK, MANUAL)}
+
+
 @pytest.mark.parametrize("script", [STOCK, MANUAL], ids=["stock", "manual"])
-def test_plain_python_runs_as_world_size_one(launch, tmp_path, script):
-    table = tmp_path / "plain.txt"
-    result = run([sys.executable, str(script), "--grad-table", table])
+def test_plain_python_runs_as_world_size_one(launch, script):
+    result, table = PLAIN[script].result(), PLAIN[script].tmp / "plain.txt"
     assert result.returncode == 0, result.stderr
     assert "world size 1" in result.stdout
     assert diff(table, launch(STOCK, 1)[1]).returncode == 0  # the same run as torchrun's
@@ -176,8 +188,11 @@ def test_examples_differ_only_where_ddp_differs():
         assert len(script.read_text().splitlines()) <= 75, script.name  # lesson-sized
 
 
+NCCL = ahead_torchrun(2, MANUAL, "--backend", "nccl")
+
+
 def test_nccl_without_cuda_fails_fast_with_a_hint():  # the helpers hide any GPU
-    result = torchrun(2, MANUAL, "--backend", "nccl")
+    result = NCCL.result()
     assert result.returncode != 0
     assert result.stderr.count("error: nccl needs CUDA") == 1  # said once, not once per rank
     assert "---> HINT:" in result.stderr
@@ -201,14 +216,18 @@ def test_zero_batches_fails_fast_and_the_hint_works():
         assert len(loader) >= 1
 
 
+SINGLE = ahead_run([sys.executable, str(REPO / "examples" / "single_device.py"), "--device", "cpu"])
+DEVICES = ahead_run([sys.executable, str(REPO / "examples" / "devices.py")])
+
+
 def test_single_device_prints_the_lessons_numbers():
-    result = run([sys.executable, str(REPO / "examples" / "single_device.py"), "--device", "cpu"])
+    result = SINGLE.result()
     assert result.returncode == 0, result.stderr
     assert re.findall(r"Train Loss: ([0-9.]+)", result.stdout) == ["0.75", "0.65", "0.44", "0.13", "0.03", "0.00"]
 
 
 def test_devices_explains_the_mixed_device_error():
-    result = run([sys.executable, str(REPO / "examples" / "devices.py")])
+    result = DEVICES.result()
     assert result.returncode == 0, result.stderr
     assert "tensor([5., 7., 9.])" in result.stdout
     assert "RuntimeError" in result.stdout and "the fix" in result.stdout

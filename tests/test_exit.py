@@ -21,6 +21,7 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ahead import ahead, ahead_torchrun
 from helpers import HANG_S, REPO, Hang, kill_tagged, run, run_ranks, tagged_pids, torchrun
 from minddp import GradTable, ManualDDP, ddp_teardown
 from minddp.launch.teardown import group_threads, let_go_of_groups, stock_leaked_meshes
@@ -183,8 +184,11 @@ def test_no_directory_is_created_behind_the_users_back(tmp_path):
     assert result.returncode == 2 and not (tmp_path / "new").exists()
 
 
+TYPO = ahead_torchrun(2, EXAMPLES / "manual_ddp.py", "--grad-tabel", "t.txt")
+
+
 def test_a_typo_is_refused_once_under_torchrun_with_the_nearest_flag():
-    result = torchrun(2, EXAMPLES / "manual_ddp.py", "--grad-tabel", "t.txt")
+    result = TYPO.result()
     assert result.returncode == 1  # torchrun's own status for any failed worker (docs/failures.md)
     ours = [line for line in result.stderr.splitlines()  # less torchrun's own log lines
             if not re.match(r"[WEI]\d{4} |\*+$", line)]
@@ -215,19 +219,24 @@ def test_ctrl_c_ends_a_run_with_one_line_and_status_130(tmp_path):
     assert err.read_text() == "[rank0] interrupted\n"
 
 
-def test_a_finished_checkpoint_says_so_and_trains_nothing_more(tmp_path):
-    ck, table = tmp_path / "ck.pt", tmp_path / "t.txt"
-    args = [sys.executable, str(EXAMPLES / "restart.py"), "--checkpoint", str(ck),
-            "--grad-table", str(table)]
-    first = run(args)
+def _three_runs(tmp):
+    """restart.py to its end, the same command again, then with a larger --epochs."""
+    args = [sys.executable, str(EXAMPLES / "restart.py"), "--checkpoint", str(tmp / "ck.pt"),
+            "--grad-table", str(tmp / "t.txt")]
+    return run(args), run(args), run(args + ["--epochs", "4"])
+
+
+FINISHED = ahead(_three_runs)
+
+
+def test_a_finished_checkpoint_says_so_and_trains_nothing_more():
+    (first, again, more), ck = FINISHED.result(), FINISHED.tmp / "ck.pt"
     assert first.returncode == 0, first.stderr
-    again = run(args)
     assert again.returncode == 0, again.stderr
     assert f"{ck} holds a finished run (3 epochs): nothing left to train" in again.stdout
     assert "Epoch:" not in again.stdout and "Test accuracy 1.0" in again.stdout
     assert "resuming" not in again.stdout  # one line says what the checkpoint holds
-    more = run(args + ["--epochs", "4"])  # a larger --epochs trains on
-    assert more.returncode == 0, more.stderr
+    assert more.returncode == 0, more.stderr  # a larger --epochs trains on
     assert "resuming from" in more.stdout and "Epoch: 004/004" in more.stdout
     assert "Epoch: 003/004" not in more.stdout
 

@@ -22,6 +22,7 @@ import tempfile
 import pytest
 import torch
 
+from ahead import ahead
 from helpers import (REPO, assert_identical_tables, load_script, printed_by_main, run,
                      share_spawn, shared_results, torchrun)
 from minddp import UsageError
@@ -80,8 +81,11 @@ def test_each_rank_holds_its_experts():
                       "[rank3] dp 1, ep 1: experts 2 3 of each layer"]
 
 
-def test_the_script_under_torchrun_trains_and_exits_cleanly(tmp_path):
-    result = torchrun(2, SCRIPT, "--grad-table", tmp_path / "ep.txt")
+UNDER_TORCHRUN = ahead(lambda tmp: torchrun(2, SCRIPT, "--grad-table", tmp / "ep.txt"))
+
+
+def test_the_script_under_torchrun_trains_and_exits_cleanly():
+    result, tmp_path = UNDER_TORCHRUN.result(), UNDER_TORCHRUN.tmp
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[rank1] dp 0, ep 1: experts 2 3 of each layer" in result.stdout
     assert "[rank0] step 3/3 | loss " in result.stdout

@@ -14,8 +14,9 @@ import uuid
 import pytest
 import torch
 
-from helpers import (HANG_S, REPO, TAG, cli, kill_tagged, run, run_ranks, share_spawn,
-                     shared_results, torchrun)
+from ahead import ahead, ahead_run
+from helpers import (HANG_S, REPO, STOPPING, TAG, cli, kill_tagged, launch_environ, run_ranks,
+                     share_spawn, shared_results, torchrun)
 from minddp import (GradTable, ManualDDP, NaiveDDP, NeuralNetwork, UsageError, load_checkpoint,
                     save_checkpoint)
 import minddp.run.checkpoint
@@ -35,25 +36,35 @@ def weights(checkpoint):
 COMMON = ["--factor", "2", "--epochs", "3"]
 
 
+WHOLE = ahead(lambda tmp: torchrun(2, RESTART, *COMMON, "--checkpoint", tmp / "a.pt",
+                                   "--grad-table", tmp / "a.txt"))
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted():
     """One run never crashed (BucketedDDP); stock DDP's equals it bit for bit (test_examples)."""
-    folder = tmp_path_factory.mktemp("whole")
-    whole = torchrun(2, RESTART, *COMMON, "--checkpoint", folder / "a.pt",
-                     "--grad-table", folder / "a.txt")
+    whole = WHOLE.result()
     assert whole.returncode == 0, whole.stderr
-    return folder
+    return WHOLE.tmp
+
+
+def _crashed(tmp, ddp):
+    """(the run that crashed at step 4 and restarted, the seconds it took)"""
+    t0 = time.monotonic()
+    crashed = torchrun(2, RESTART, "--ddp", ddp, *COMMON, "--checkpoint", tmp / "b.pt",
+                       "--grad-table", tmp / "b.txt", "--crash-at-step", "4",
+                       launcher=["--max-restarts=1"])
+    return crashed, time.monotonic() - t0
+
+
+CRASHED = {ddp: ahead(_crashed, ddp) for ddp in ("manual", "stock")}
 
 
 @pytest.mark.parametrize("ddp", ["manual", "stock"])
-def test_crash_and_restart_resumes_bit_for_bit(tmp_path, ddp, uninterrupted):
+def test_crash_and_restart_resumes_bit_for_bit(ddp, uninterrupted):
     # --factor 2: 10 examples, 2 steps per epoch, 6 in all; rank 1 dies as step 4 begins,
     # in the middle of epoch 2, so the restart replays epoch 2 from the epoch-1 checkpoint.
-    t0 = time.monotonic()
-    crashed = torchrun(2, RESTART, "--ddp", ddp, *COMMON, "--checkpoint", tmp_path / "b.pt",
-                       "--grad-table", tmp_path / "b.txt", "--crash-at-step", "4",
-                       launcher=["--max-restarts=1"])
-    elapsed = time.monotonic() - t0
+    (crashed, elapsed), tmp_path = CRASHED[ddp].result(), CRASHED[ddp].tmp
     assert crashed.returncode == 0, crashed.stderr[-3000:]
     assert "[rank1] --crash-at-step 4: exiting abruptly" in crashed.stdout
     assert crashed.stdout.count("PyTorch ") == 2  # rank 0's header, once per attempt
@@ -121,7 +132,7 @@ def _free_port():
 def _two_agents(rendezvous, table, timeout=HANG_S):
     """Two torchrun agents on this machine, one process each: a 2-node job in miniature."""
     tag, procs, outputs = uuid.uuid4().hex, [], []
-    env = dict(os.environ, OMP_NUM_THREADS="1", **{TAG: tag})  # their workers carry it too
+    env = dict(launch_environ(), OMP_NUM_THREADS="1", **{TAG: tag})  # their workers carry it too
     with tempfile.TemporaryDirectory() as tmp:
         for node_rank in (0, 1):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
@@ -132,10 +143,11 @@ def _two_agents(rendezvous, table, timeout=HANG_S):
                                            stderr=files[1], start_new_session=True), files))
         deadline = time.monotonic() + timeout
         try:
-            for p, _ in procs:
-                p.wait(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"two-agent run still going after {timeout}s (a hang?)")
+            while any(p.poll() is None for p, _ in procs):
+                if time.monotonic() > deadline or STOPPING.is_set():
+                    raise AssertionError(f"two-agent run still going after {timeout}s (a"
+                                         " hang?), or at the session's end")
+                time.sleep(0.1)
         finally:
             kill_tagged(tag)  # agents and workers (each in a session of its own), orphans too
         for p, files in procs:
@@ -152,8 +164,7 @@ def one_agent_table(launch):
     return launch(MANUAL, 2)[1]  # the same run test_examples.py compares with stock's
 
 
-@pytest.mark.parametrize("how", ["static", "c10d"])
-def test_two_agents_equal_one_agent(tmp_path, one_agent_table, how):
+def _agents(tmp, how):
     port = _free_port()
     if how == "static":  # node 0 hosts the store at MASTER_ADDR:MASTER_PORT
         rendezvous = lambda node: [f"--node-rank={node}", "--master-addr=127.0.0.1",
@@ -161,18 +172,32 @@ def test_two_agents_equal_one_agent(tmp_path, one_agent_table, how):
     else:  # c10d rendezvous: the agents agree on ranks themselves
         rendezvous = lambda node: ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                                    "--rdzv-id=minddp-test"]
-    for code, out, err in _two_agents(rendezvous, tmp_path / "two.txt"):
+    return _two_agents(rendezvous, tmp / "two.txt")
+
+
+AGENTS = {how: ahead(_agents, how) for how in ("static", "c10d")}
+
+
+@pytest.mark.parametrize("how", ["static", "c10d"])
+def test_two_agents_equal_one_agent(one_agent_table, how):
+    for code, out, err in AGENTS[how].result():
         assert code == 0, err[-3000:]
-    verdict = diff(tmp_path / "two.txt", one_agent_table)
+    verdict = diff(AGENTS[how].tmp / "two.txt", one_agent_table)
     assert verdict.returncode == 0 and "IDENTICAL" in verdict.stdout, verdict.stdout
+
+
+def _stuck(tmp):
+    t0 = time.monotonic()
+    return torchrun(2, STUCK, "--timeout", "3"), time.monotonic() - t0
+
+
+STUCK_RUN = ahead(_stuck)
 
 
 def test_stuck_peer_fails_within_the_timeout():
     # Rank 1 is alive but never joins the all_reduce (a diverged rank): rank 0 must give
     # up after the 3 s process-group timeout with one clear line, not after 30 minutes.
-    t0 = time.monotonic()
-    result = torchrun(2, STUCK, "--timeout", "3")
-    elapsed = time.monotonic() - t0
+    result, elapsed = STUCK_RUN.result()
     assert result.returncode != 0
     assert "[rank0] error: a collective did not complete: Timed out" in result.stderr, result.stderr
     assert "Timed out waiting 3000ms" in result.stderr  # the timeout in force, in gloo's words
@@ -183,8 +208,12 @@ def test_stuck_peer_fails_within_the_timeout():
     print(f"stuck peer: failed after {elapsed:.1f} s (timeout 3 s, startup included)")
 
 
+OUT_OF_RANGE = ahead_run([sys.executable, str(RESTART), "--checkpoint", "unused.pt",
+                          "--crash-at-step", "9"])
+
+
 def test_crash_step_out_of_range_is_refused():
-    result = run([sys.executable, str(RESTART), "--checkpoint", "unused.pt", "--crash-at-step", "9"])
+    result = OUT_OF_RANGE.result()
     assert result.returncode == 2
     assert "error: --crash-at-step 9 is never reached: this run takes 6 optimizer steps" in result.stderr
 

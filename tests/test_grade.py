@@ -22,6 +22,7 @@ import tempfile
 
 import pytest
 
+from ahead import ahead_run
 from helpers import REPO, cli, run, share_spawn, shared_results
 from corpus import RIGHT
 from corpus_wrong import WRONG
@@ -488,8 +489,11 @@ def _planted(tmp_path, name, mistake, folder="planted"):
     return path
 
 
+AS_A_STUDENT = ahead_run([sys.executable, "-m", "minddp", "grade", "minddp/ddp/naive.py"])
+
+
 def test_grading_a_lesson_as_a_student_does_passes_and_exits_0():
-    result = run([sys.executable, "-m", "minddp", "grade", "minddp/ddp/naive.py"])
+    result = AS_A_STUDENT.result()
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     assert result.stdout.splitlines()[0] == (
         "graded minddp/ddp/naive.py: exercise 'naive' (minddp/ddp/naive.py) against"

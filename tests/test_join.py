@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers import REPO, share_spawn, shared_results, torchrun, warm_torchrun
+from ahead import ahead_torchrun
+from helpers import REPO, share_spawn, shared_results, warm_torchrun
 from minddp import ManualDDP, UsageError
 
 
@@ -89,10 +90,13 @@ def test_join_with_find_unused_parameters_is_one_clear_error():
     assert message.startswith("ManualDDP.join() with find_unused_parameters=True is not implemented")
 
 
+UNEVEN = ahead_torchrun(2, REPO / "examples" / "uneven.py", "--timeout", "5")
+
+
 def test_the_uneven_example_without_join_ends_with_the_cause_and_with_join_trains():
     # Rank r has 3 + r batches. Without join(): no 30-minute hang, but one line per rank
     # within the --timeout, naming the cause and the fix.
-    hung = torchrun(2, REPO / "examples" / "uneven.py", "--timeout", "5")
+    hung = UNEVEN.result()
     assert hung.returncode != 0
     # (The rank whose timeout runs out second may hear its peer leave first: "a peer gave up".)
     for rank, steps, batches in ((0, 3, 3), (1, 3, 4)):

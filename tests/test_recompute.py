@@ -27,7 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.distributed._composable import checkpoint as stock_checkpoint
 from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-from helpers import REPO, run, share_spawn, shared_results
+from ahead import ahead_run
+from helpers import REPO, share_spawn, shared_results
 from minddp.bench.transformer import gpt
 from minddp.memory.recompute import checkpoint, checkpoint_module
 
@@ -211,11 +212,14 @@ def test_recompute_bench_runs_and_counts_the_matmuls_run_again(tmp_path):
     assert (tmp_path / "r.png").stat().st_size > 0
 
 
+BREAKS = ahead_run([sys.executable, str(REPO / "examples" / "break_recompute.py")])
+
+
 def test_the_recompute_breaks_show_their_damage():
     # examples/break_recompute.py, one process: new masks in the second forward part the
     # gradients from no checkpointing's at step 0; the input changed in place after the
     # forward is refused in backward by all three (minddp's check: the version counter)
-    result = run([sys.executable, str(REPO / "examples" / "break_recompute.py")])
+    result = BREAKS.result()
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout.split("--break ")
     assert out[1].count("every gradient equal to no checkpointing's, 3 steps") == 2, out[1]
