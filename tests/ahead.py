@@ -102,7 +102,7 @@ def start(launches):
     environ, stop = dict(os.environ), threading.Event()
 
     def ahead_of_tests():
-        helpers.LAUNCH_ENV.environ = environ
+        helpers.AHEAD.environ, helpers.AHEAD.stop = environ, stop
         for launch in launches:
             if stop.is_set():
                 break
@@ -115,11 +115,13 @@ def start(launches):
 
 
 def stop(thread):
-    """At the session's end: a launch still running is killed (helpers.run stops it), those
-    not begun never start; the launches' folders are removed."""
+    """A launch the thread is running is killed (helpers.run stops it), those not begun never
+    start."""
     thread.stop.set()
-    helpers.STOPPING.set()
     thread.join()
-    helpers.STOPPING.clear()
+
+
+def remove_folders():
+    """At the session's end, after stop(): the launches' folders."""
     for root in _ROOT:
         shutil.rmtree(root, ignore_errors=True)

@@ -374,15 +374,20 @@ class Hang(AssertionError):
         self.tag, self.stdout, self.stderr = tag, stdout, stderr
 
 
-# A launch run ahead of its test (tests/ahead.py) sees the environment of the session's start
-# (LAUNCH_ENV.environ in its thread), whatever a test running meanwhile sets; STOPPING, set at
-# the session's end, kills a run still going.
-LAUNCH_ENV, STOPPING = threading.local(), threading.Event()
+# The thread that runs launches ahead of their tests (tests/ahead.py) holds the environment
+# of the session's start (whatever a test running meanwhile sets) and an event, set at the
+# session's end, that kills a run still going: AHEAD.environ, AHEAD.stop in that thread.
+AHEAD = threading.local()
 
 
 def launch_environ():
     """The environment a process started now gets: the session's start's, ahead of a test."""
-    return getattr(LAUNCH_ENV, "environ", os.environ)
+    return getattr(AHEAD, "environ", os.environ)
+
+
+def stopped():
+    """Whether this thread runs launches ahead and the session has ended."""
+    return getattr(AHEAD, "stop", threading.Event()).is_set()
 
 
 def run(cmd, timeout=HANG_S, env=None, gpu=False, until=()):
@@ -408,7 +413,7 @@ def run(cmd, timeout=HANG_S, env=None, gpu=False, until=()):
                 if until and all(line in _read(out) for line in until):
                     killed = True  # every awaited line is out: the event, not a deadline
                     break
-                if time.monotonic() > deadline or STOPPING.is_set():
+                if time.monotonic() > deadline or stopped():
                     timed_out = True
                     break
                 time.sleep(0.1)
@@ -417,7 +422,7 @@ def run(cmd, timeout=HANG_S, env=None, gpu=False, until=()):
             proc.wait()
         stdout, stderr = _read(out), _read(err)
     if timed_out:
-        why = "the session ended" if STOPPING.is_set() else f"{timeout}s (a hang?)"
+        why = "the session ended" if stopped() else f"{timeout}s (a hang?)"
         raise Hang(f"{' '.join(map(str, cmd))} still running after {why}; killed"
                    f"\n{stdout[-2000:]}\n{stderr[-2000:]}", tag, stdout, stderr)
     result = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from ahead import ahead, ahead_run
-from helpers import (HANG_S, REPO, STOPPING, TAG, cli, kill_tagged, launch_environ, run_ranks,
-                     share_spawn, shared_results, torchrun)
+from helpers import (HANG_S, REPO, TAG, cli, kill_tagged, launch_environ, run_ranks,
+                     share_spawn, shared_results, stopped, torchrun)
 from minddp import (GradTable, ManualDDP, NaiveDDP, NeuralNetwork, UsageError, load_checkpoint,
                     save_checkpoint)
 import minddp.run.checkpoint
@@ -144,7 +144,7 @@ def _two_agents(rendezvous, table, timeout=HANG_S):
         deadline = time.monotonic() + timeout
         try:
             while any(p.poll() is None for p, _ in procs):
-                if time.monotonic() > deadline or STOPPING.is_set():
+                if time.monotonic() > deadline or stopped():
                     raise AssertionError(f"two-agent run still going after {timeout}s (a"
                                          " hang?), or at the session's end")
                 time.sleep(0.1)

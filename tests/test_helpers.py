@@ -5,11 +5,13 @@
 
 import ctypes
 import os
+import sys
 import time
 
 import pytest
 import torch.distributed as dist
 
+import ahead
 import helpers
 from helpers import run_ranks
 
@@ -105,3 +107,45 @@ def test_a_spawn_in_the_background_is_killed_at_the_sessions_end(tmp_path, monke
         helpers.shared_results(_sleeps, 5)
     assert "stopped: the test session ended" in str(failed.value.__cause__)
     assert helpers._BACKGROUND[6].is_set() and 6 not in helpers._SHARED_RESULTS  # never begun
+
+
+def test_a_launch_runs_once_whoever_asks_first_and_its_error_is_raised_again():
+    calls = []
+
+    def counted(tmp, value):
+        calls.append(sorted(tmp.iterdir()))  # a folder of its own, empty
+        if value is None:
+            raise ValueError("planted")
+        return value
+    launch = ahead.ahead(counted, 7)
+    assert launch.result() == 7 and launch.result() == 7 and calls == [[]]  # run in front
+    failing = ahead.ahead(counted, None)
+    for _ in range(2):  # each test that asks sees the traceback; it is not run again
+        with pytest.raises(ValueError, match="planted"):
+            failing.result()
+    assert len(calls) == 2
+
+
+def test_launches_ahead_see_the_sessions_environment_and_stop_at_its_end(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINDDP_PROBE", "at the start")
+    printed = ahead.ahead_run([sys.executable, "-c", "import os; print(os.environ['MINDDP_PROBE'])"])
+    sleeper = ahead.ahead_run([sys.executable, "-c", "import os, time; open(os.path.join("
+                               f"{str(tmp_path)!r}, 'pid'), 'w').write(str(os.getpid()));"
+                               " time.sleep(600)"])
+    never = ahead.ahead(lambda tmp: pytest.fail("a launch not begun at the end ran"))
+    thread = ahead.start([printed, sleeper, never])
+    try:
+        monkeypatch.setenv("MINDDP_PROBE", "set later by a test")
+        deadline = time.monotonic() + helpers.HANG_S
+        while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.05)
+        pid = int((tmp_path / "pid").read_text())
+    finally:  # (a failure above leaves no process sleeping)
+        ahead.stop(thread)
+    assert printed.result().stdout == "at the start\n"
+    with pytest.raises(helpers.Hang, match="still running after the session ended; killed"):
+        sleeper.result()
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(pid, 0)
+    assert not never._claimed

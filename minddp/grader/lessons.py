@@ -322,15 +322,16 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _run(case, how, save_ops):
+def _run(case, how, save_ops, frozen):
     """One forward and backward: the loss, the gradients (the input's first), the random
-    state after, and the bytes the forward left alive for backward."""
+    state after, and the bytes the forward left alive for backward. frozen: whether this
+    process has set objects aside from the collector already (gc.get_freeze_count() > 0)."""
     # Everything made before this run is set aside from the collector, so gc.collect() below
     # reads this run's objects only (a full collection in a process with torch imported takes
     # 0.1-0.2 s). Safe here because the model and input are built inside the run: a module
     # built before a freeze could hold a cycle the collector no longer frees. A warm rank's
     # imports are set aside already (run/frozen.py), and an unfreeze would bring them back.
-    if gc.get_freeze_count():
+    if frozen:
         return _run_one(case, how, save_ops)
     gc.freeze()
     try:
@@ -379,16 +380,16 @@ _REFERENCES = {}  # stock's runs and the plain ones: one process grades many fil
 # every planted mistake on one set of ranks), each case's run once per state below
 
 
-def _reference(case, how, save_ops):
-    """_run(case, how, save_ops) for how = "stock" or "none", kept for the next file graded
-    here while the process-wide state a student's code could leave changed is the same."""
+def _reference(case, how, save_ops, frozen):
+    """_run(case, how, save_ops, frozen) for how = "stock" or "none", kept for the next file
+    graded here while the process-wide state a student's code could leave changed is the same."""
     try:
         key = (tuple(case.items()), how, tuple(save_ops), _state())
         hash(key)
     except TypeError:  # (a student's save_ops that cannot be a key: run every time)
-        return _run(case, how, save_ops)
+        return _run(case, how, save_ops, frozen)
     if key not in _REFERENCES:
-        _REFERENCES[key] = _run(case, how, save_ops)
+        _REFERENCES[key] = _run(case, how, save_ops, frozen)
     return _REFERENCES[key]
 
 
@@ -409,12 +410,15 @@ def recompute(student, rank, world_size):
     save_ops = getattr(student, "MATMULS", MATMULS)
     cases = _recompute_cases()
     mine = range(rank, len(cases), world_size)
+    # (counted once here: gc.get_freeze_count() walks every object set aside, 30 ms in a warm
+    # rank, and only _run's own freeze, undone each time, changes it meanwhile)
+    frozen = gc.get_freeze_count() > 0
     # Stock's runs and the plain ones first, before any of the student's code runs here.
-    seen = {i: {how: _reference(cases[i], how, save_ops) for how in ("stock", "none")}
+    seen = {i: {how: _reference(cases[i], how, save_ops, frozen) for how in ("stock", "none")}
             for i in mine}
     for i in mine:
         try:
-            seen[i]["yours"] = _run(cases[i], student.checkpoint, save_ops)
+            seen[i]["yours"] = _run(cases[i], student.checkpoint, save_ops, frozen)
         except Exception as error:  # noqa: BLE001 (said as the case's verdict)
             if isinstance(error, NotImplementedError):
                 raise  # (a TODO left: the grader says "not written yet")
