@@ -79,7 +79,8 @@ def ahead_torchrun(nproc, script, *args, **kwargs):
 
 
 def launches_in(module):
-    """{global name: [its launches]} of a test module: a launch, or a dict, list or tuple of them."""
+    """{global name: [its launches]} of a test module: a launch, or a dict, list or tuple of
+    them."""
     found = {}
     for name, value in vars(module).items():
         values = value.values() if isinstance(value, dict) else value \

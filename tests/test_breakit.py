@@ -149,7 +149,8 @@ def test_check_replicas(where, expected):
         assert message.startswith(expected), message
 
 
-FSDP_BREAKS = ahead_run([sys.executable, str(REPO / "examples" / "break_fsdp.py"), "--break", "all"])
+FSDP_BREAKS = ahead_run([sys.executable, str(REPO / "examples" / "break_fsdp.py"), "--break",
+                         "all"])
 
 
 def test_fsdp_breaks_show_their_damage():

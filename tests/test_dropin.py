@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ahead import ahead
-from helpers import REPO, run, run_ranks, torchrun
+from ahead import ahead, ahead_run
+from helpers import REPO, run_ranks, torchrun
 from minddp import BucketedDDP, ManualDDP, NaiveDDP, UsageError
 
 STOCK_IMPORT = "from torch.nn.parallel import DistributedDataParallel as DDP"
@@ -75,13 +75,17 @@ def test_client_code_with_the_import_swapped_is_bitwise_stock(client):
     assert _equal(stock_state, manual_state), "weights or optimizer state differ"
 
 
+DESTROYED = {order: ahead_run([sys.executable, str(REPO / "tests" / "scripts" /
+                                                "group_outlives_destroy.py"), order])
+             for order in ("minddp-first", "minddp-late")}
+
+
 @pytest.mark.parametrize("order,alive", [("minddp-first", False), ("minddp-late", True)])
 def test_the_group_dies_in_destroy_when_minddp_is_imported_first(order, alive):
     # Why a client's exit is clean: its group is really gone after destroy_process_group(),
     # threads and all, and nothing is left for the interpreter's exit to free. (A live gloo
     # group runs 3 threads on torch 2.13, 2 on 2.11: how many is torch's, not the point.)
-    result = run([sys.executable, str(REPO / "tests" / "scripts" / "group_outlives_destroy.py"),
-                  order])
+    result = DESTROYED[order].result()
     assert result.returncode == 0, result.stderr
     threads = re.fullmatch(r"gloo threads after destroy_process_group\(\), model alive: (\d+)",
                            result.stdout.strip())

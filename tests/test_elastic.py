@@ -48,7 +48,9 @@ from torch.utils.data.distributed import DistributedSampler
 import minddp
 import minddp.run.cli
 import minddp.tools.tables
-from helpers import HANG_S, REPO, TAG, kill_tagged, share_spawn, shared_results
+from ahead import ahead
+from helpers import (HANG_S, REPO, TAG, kill_tagged, launch_environ, share_spawn, shared_results,
+                     stopped)
 from minddp.launch.teardown import forget_dtensor_caches
 from minddp.elastic.resize import (ElasticBatchSampler, check_world, ordered_average, reshard_plan,
                             set_gradients, shard_gradients, shard_rows)
@@ -401,14 +403,12 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_torchrun_agents_one_joins_then_is_lost_and_the_job_finishes_smaller():
-    """A node joins a running job, then leaves (agent and worker killed); the job finishes alone.
-
-    A hold file gates the steps (examples/elastic.py --hold-file), so each event lands at a
-    known step however fast the machine: node a trains step 1 alone, node b joins before
-    step 2, dies after it, and node a trains steps 3-12 alone, from step 2's checkpoint."""
-    whole = _results()[0]["example"][0]  # the run never resized: 4 ranks, the same 12 steps
-    folder, port = tempfile.mkdtemp(prefix="minddp-elastic-run-"), _free_port()
+def _resized(tmp):
+    """Node a trains step 1 alone, node b joins before step 2, dies after it (agent and
+    worker killed), and node a trains steps 3-12 alone, from step 2's checkpoint. A hold file
+    gates the steps (examples/elastic.py --hold-file), so each event lands at a known step
+    however fast the machine. (a's exit status, a's output, b's output, the folder)"""
+    folder, port = str(tmp), _free_port()
     hold = os.path.join(folder, "hold")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2",
                 "--nproc_per_node=1", "--rdzv-backend=c10d",
@@ -418,8 +418,8 @@ def test_two_torchrun_agents_one_joins_then_is_lost_and_the_job_finishes_smaller
                 "--grad-table", os.path.join(folder, "elastic.txt")]
     # torch 2.13's agents share one TCP store across rendezvous rounds; a node that joins a
     # later round then waits forever for its address (docs/elastic.md).
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
-               TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    env = dict(launch_environ(), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               CUDA_VISIBLE_DEVICES="", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     agents, deadline = {}, time.monotonic() + HANG_S
 
     def start(name):
@@ -441,12 +441,14 @@ def test_two_torchrun_agents_one_joins_then_is_lost_and_the_job_finishes_smaller
         while not any(re.search(pattern, log(name)) for name in names):
             for name in names:
                 assert agents[name][0].poll() is None, f"agent {name} ended:\n{log(name)[-3000:]}"
-            assert time.monotonic() < deadline, f"still waiting for {pattern!r} (a hang?)"
+            assert time.monotonic() < deadline and not stopped(), \
+                f"still waiting for {pattern!r} (a hang?), or the session ended"
             time.sleep(0.1)
 
     def wait_for_checkpoint(step):
         while latest(os.path.join(folder, "ck")) != os.path.join(folder, "ck", f"step-{step:06d}"):
-            assert agents["a"][0].poll() is None and time.monotonic() < deadline, log("a")
+            assert agents["a"][0].poll() is None and time.monotonic() < deadline \
+                and not stopped(), log("a")
             time.sleep(0.1)
 
     def allow(step):
@@ -467,15 +469,26 @@ def test_two_torchrun_agents_one_joins_then_is_lost_and_the_job_finishes_smaller
         allow(STEPS_IN_EXAMPLE)  # a's worker meets b's absence in step 3's first collective
         proc = agents["a"][0]
         while proc.poll() is None:
-            assert time.monotonic() < deadline, "agent a still running (a hang?)"
+            assert time.monotonic() < deadline and not stopped(), \
+                "agent a still running (a hang?), or the session ended"
             time.sleep(0.1)
     finally:
         for proc, tag, out in agents.values():
             kill_tagged(tag)
             proc.wait()
             out.close()
-    a, b = log("a"), log("b")
-    assert agents["a"][0].returncode == 0, a[-3000:]
+    return agents["a"][0].returncode, log("a"), log("b"), folder
+
+
+RESIZED = ahead(_resized)
+
+
+def test_two_torchrun_agents_one_joins_then_is_lost_and_the_job_finishes_smaller():
+    """A node joins a running job, then leaves (agent and worker killed); the job finishes
+    alone (_resized, run ahead of this test: conftest)."""
+    whole = _results()[0]["example"][0]  # the run never resized: 4 ranks, the same 12 steps
+    code, a, b, folder = RESIZED.result()
+    assert code == 0, a[-3000:]
     assert "[rank0] world size 1: takes samples 0..11 of each global batch of 12" in a
     assert "resuming after step 1: saved at world size 1, now 2" in a + b
     assert "[rank1] world size 2: takes samples 6..11 of each global batch of 12" in a + b
@@ -487,7 +500,6 @@ def test_two_torchrun_agents_one_joins_then_is_lost_and_the_job_finishes_smaller
     diff = subprocess.run([sys.executable, "-m", "minddp", "diff", os.path.join(folder, "elastic.txt"),
                            os.path.join(FOLDER, "whole.txt")], capture_output=True, text=True)
     assert diff.returncode == 0 and "IDENTICAL" in diff.stdout, diff.stdout
-    shutil.rmtree(folder)
 
 
 def test_elastic_bench_counts_the_ordered_reductions_bytes(capsys):

@@ -930,7 +930,8 @@ def test_stocks_checkpoint_runs_are_kept_per_state_and_made_again_where_a_studen
     frozen = gc.get_freeze_count() > 0
     kept = lessons._reference(case, "stock", MATMULS, frozen)
     assert lessons._reference(case, "stock", MATMULS, frozen) is kept
-    assert lessons._reference(case, "stock", MATMULS[:1], frozen) is not kept  # the student's save_ops
+    # the student's save_ops
+    assert lessons._reference(case, "stock", MATMULS[:1], frozen) is not kept
     fresh = lessons._run(case, "stock", MATMULS, frozen)
     assert all(torch.equal(kept[k], fresh[k]) if isinstance(fresh[k], torch.Tensor)
                else kept[k] == fresh[k] for k in fresh)

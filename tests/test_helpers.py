@@ -128,7 +128,8 @@ def test_a_launch_runs_once_whoever_asks_first_and_its_error_is_raised_again():
 
 def test_launches_ahead_see_the_sessions_environment_and_stop_at_its_end(tmp_path, monkeypatch):
     monkeypatch.setenv("MINDDP_PROBE", "at the start")
-    printed = ahead.ahead_run([sys.executable, "-c", "import os; print(os.environ['MINDDP_PROBE'])"])
+    printed = ahead.ahead_run([sys.executable, "-c",
+                               "import os; print(os.environ['MINDDP_PROBE'])"])
     sleeper = ahead.ahead_run([sys.executable, "-c", "import os, time; open(os.path.join("
                                f"{str(tmp_path)!r}, 'pid'), 'w').write(str(os.getpid()));"
                                " time.sleep(600)"])
