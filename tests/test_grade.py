@@ -473,6 +473,7 @@ def test_a_wrong_solution_that_raises_on_some_ranks_or_hangs_fails_saying_what(t
     for folder, (ranks, hangs) in groups.items():
         result = cli("grade", folder, "--exercise", name, "--ranks", ranks, "--json",
                      *(["--timeout", "3"] if hangs else []))
+        assert result.stdout.startswith("{"), result.stderr[-3000:]  # the grader's own error
         for graded in json.loads(result.stdout)["files"]:
             label = pathlib.Path(graded["file"]).stem
             failed = [c for c in graded["checks"] if not c["passed"]]
@@ -593,6 +594,29 @@ def test_a_hang_is_reported_alike_whichever_rank_notices_first(tmp_path, race):
     [result] = report(tmp_path, student, "naive", 2, 10, stuck=race == "rank 1 still waits at the limit")
     assert result["where"] == "rank 0 in none; rank 1 waits in all_reduce (naive.py line 7)"
     assert result["diagnosis"].startswith("a collective that never completed within 10 s")
+
+
+@pytest.mark.parametrize("cut", ["line ", "line 1", "line 12",
+                                 'in all_reduce (naive.py line 12)\t{"sh'])
+def test_a_rank_killed_while_writing_leaves_its_whole_lines_read_and_the_part_ignored(
+        tmp_path, cut):
+    """Ranks killed at the limit may be writing their stacks (faulthandler, piece by piece)
+    or their last collective: whole lines are read, the part after them never misread."""
+    from minddp.grader.ranks import report
+    student = tmp_path / "naive.py"
+    student.write_text("\n" * 11 + "        dist.all_reduce(grad)\n")
+    frame = f'  File "{student.resolve()}", '
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}.collectives").write_text(
+            "in broadcast (naive.py line 3)\ndone\n" + (cut if "\t" in cut else ""))
+        (tmp_path / f"rank{rank}.stack").write_text(
+            "Thread 0x1 (most recent call first):\n" + frame + ("line 12 in _average\n"
+                                                                 if rank else cut))
+    [result] = report(tmp_path, student, "naive", 2, 3, stuck=True)
+    assert result["where"] == ("rank 0 in none; rank 1 at naive.py line 12:"
+                               " dist.all_reduce(grad)"), result["where"]
+    assert result["diagnosis"].startswith("the ranks never finished within 3 s, none of them"
+                                          " in a collective"), result["diagnosis"]
 
 
 def test_the_rank_that_says_why_is_reported_not_the_peer_that_saw_it_leave(tmp_path):

@@ -14,6 +14,7 @@ import faulthandler
 import json
 import os
 import pathlib
+import re
 import sys
 import tempfile
 import time
@@ -178,7 +179,8 @@ def _exception(label, error_file, file, name):
 def _stuck(label, out, world_size, timeout, file):
     said, waiting, running, waits, group = [], False, False, {}, None
     for rank in range(world_size):
-        lines = (out / f"rank{rank}.collectives").read_text().splitlines() \
+        # (whole lines only: a rank killed at the limit may have been writing its last one)
+        lines = (out / f"rank{rank}.collectives").read_text().split("\n")[:-1] \
             if (out / f"rank{rank}.collectives").exists() else []
         groups = [json.loads(line.split("\t")[1]) for line in lines
                   if line.startswith("group\t")]
@@ -211,10 +213,13 @@ def _line_in(stack_file, file):
     """'at naive.py line 7: <the line>', the innermost frame of the student's file in the
     stacks faulthandler wrote just before the limit, or None."""
     text = stack_file.read_text() if stack_file.exists() else ""
-    mine = f'File "{pathlib.Path(file).resolve()}", line '
+    # faulthandler's frame: File "PATH", line N in FUNCTION. Whole frames only: the ranks may
+    # be killed at the limit while the stacks are still being written.
+    mine = re.compile(rf'File "{re.escape(str(pathlib.Path(file).resolve()))}", line (\d+) in ')
     for frame in text.splitlines():  # each thread's, the most recent call first
-        if mine in frame:
-            number = int(frame.split(mine)[1].split()[0])
+        found = mine.search(frame)
+        if found:
+            number = int(found.group(1))
             source = pathlib.Path(file).read_text().splitlines()[number - 1].strip()
             return f"at {pathlib.Path(file).name} line {number}: {source}"
     return None
