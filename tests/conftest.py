@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_sessionfinish(session):
     if _AHEAD in session.config.stash:
         ahead.stop(session.config.stash[_AHEAD])
-        ahead.remove_folders()
+    ahead.remove_folders()  # (also those of launches a test ran itself, with no thread ahead)
     if _SPAWNS in session.config.stash:
         stop_shared_spawns(session.config.stash[_SPAWNS])
 
