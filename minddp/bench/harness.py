@@ -167,6 +167,8 @@ def spawn(fn, args, nprocs):
     def stop(signum, frame):
         for process in context.processes:
             process.kill()
+        for process in context.processes:  # gone before this process ends: none outlives it
+            process.join(10)  # (killed: moments; the bound only against a stuck reap)
         interrupted(signum, frame)  # one line, exit 130
     signal.signal(signal.SIGINT, stop)
     try:
