@@ -4,12 +4,13 @@
 
 A test whose work is a launch of real processes (torchrun: its agent, then each worker,
 import torch before any work; or a script) mostly leaves a core idle. Registered at import
-with ahead(), such a launch runs in a thread of its own from the session's start
-(conftest), one launch at a time, in the order of the tests that read it, beside the tests
-running in front and the shared spawns (helpers.share_spawn). A test asks for its launch's
-result: it waits for the launch if the thread is running it, or runs it itself, there and
-then, if the thread has not reached it. What the test checks stays in the test; a launch
-that raises (a hang killed at its bound) fails the tests that read it, with its traceback.
+with ahead(), such a launch runs in one of two threads from the session's start
+(conftest), each taking the next launch not begun, in the order of the tests that read
+them, beside the tests running in front and the shared spawns (helpers.share_spawn). A test
+asks for its launch's result: it waits for the launch if a thread is running it, or runs it
+itself, there and then, if no thread has reached it. What the test checks stays in the
+test; a launch that raises (a hang killed at its bound) fails the tests that read it, with
+its traceback.
 
 A launch sees the environment of the session's start (whatever a test running meanwhile
 sets), writes in a folder of its own (`launch.tmp`, removed at the session's end), and is
@@ -26,7 +27,7 @@ import helpers
 
 
 class Launch:
-    """fn(tmp, *args), run once: by the thread ahead, or by the first test to ask."""
+    """fn(tmp, *args), run once: by a thread ahead, or by the first test to ask."""
 
     def __init__(self, fn, args):
         self.fn, self.args = fn, args
@@ -97,9 +98,9 @@ def _root():
     return _ROOT[0]
 
 
-def start(launches):
-    """Run `launches`, in this order, in a thread; return it. Each sees this process's
-    environment of now."""
+def start(launches, threads=2):
+    """Run `launches`, in this order, in `threads` threads, each taking the next launch not
+    begun; return them. Each sees this process's environment of now."""
     environ, stop = dict(os.environ), threading.Event()
 
     def ahead_of_tests():
@@ -109,17 +110,21 @@ def start(launches):
                 break
             if launch._claim():
                 launch._run()
-    thread = threading.Thread(target=ahead_of_tests, name="launches ahead", daemon=True)
-    thread.stop = stop
-    thread.start()
-    return thread
+    started = [threading.Thread(target=ahead_of_tests, name=f"launches ahead {i}", daemon=True)
+               for i in range(threads)]
+    for thread in started:
+        thread.stop = stop
+        thread.start()
+    return started
 
 
-def stop(thread):
-    """A launch the thread is running is killed (helpers.run stops it), those not begun never
+def stop(threads):
+    """A launch a thread is running is killed (helpers.run stops it), those not begun never
     start."""
-    thread.stop.set()
-    thread.join()
+    for thread in threads:
+        thread.stop.set()
+    for thread in threads:
+        thread.join()
 
 
 def remove_folders():

@@ -25,20 +25,24 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """The shared spawns run the registered work of the selected tests' modules only, in the
     background from now on; the tests that read their results run last, when they are in.
-    The launches the selected tests read (tests/ahead.py) run ahead of them, in a thread."""
+    The launches the selected tests read (tests/ahead.py) run ahead of them, in two threads.
+    So the tests that read neither run first: what they start in front (a grade, a Ctrl-C)
+    then shares the cores with the background, not the end of the session with nothing."""
     select_modules({item.module.__name__ for item in items if item.module is not None})
+    launches = _launches_ahead(items)  # in the files' order: a spawn's reader's too, early
     readers = [item for item in items if _reads_a_spawn(item)]
     reading = set(readers)
-    items[:] = [item for item in items if item not in reading] + readers
+    waiting = [item for item in items if item not in reading and _reads_a_launch(item)]
+    reading |= set(waiting)
+    items[:] = [item for item in items if item not in reading] + waiting + readers
     modules = {item.module.__name__ for item in readers}
     world_sizes = sorted({world_size for world_size, work in helpers._SHARED.items()
                           for fn, _ in work.values() if fn.__module__ in modules},
                          key=lambda world_size: -len(helpers._work(world_size)))
     if world_sizes and not config.option.collectonly:
         config.stash[_SPAWNS] = start_shared_spawns(world_sizes)  # most functions first
-    launches = _launches_ahead(items)
     if launches and not config.option.collectonly:
-        config.stash[_AHEAD] = ahead.start(launches)
+        config.stash[_AHEAD] = ahead.start(launches)  # in two threads
 
 
 def pytest_sessionfinish(session):
@@ -75,6 +79,12 @@ def _reads_a_spawn(item):
     """Whether the test (or a fixture of its module) calls shared_results, directly or
     through another function of its module. Only the order depends on it."""
     return item.module is not None and "shared_results" in _reached(item)
+
+
+def _reads_a_launch(item):
+    """Whether the test (or a function or fixture of its module it reaches) reads a launch
+    ahead. Only the order depends on it."""
+    return item.module is not None and bool(set(launches_in(item.module)) & _reached(item))
 
 
 def _launches_ahead(items):

@@ -130,23 +130,26 @@ def test_launches_ahead_see_the_sessions_environment_and_stop_at_its_end(tmp_pat
     monkeypatch.setenv("MINDDP_PROBE", "at the start")
     printed = ahead.ahead_run([sys.executable, "-c",
                                "import os; print(os.environ['MINDDP_PROBE'])"])
-    sleeper = ahead.ahead_run([sys.executable, "-c", "import os, time; open(os.path.join("
-                               f"{str(tmp_path)!r}, 'pid'), 'w').write(str(os.getpid()));"
-                               " time.sleep(600)"])
+    sleepers = [ahead.ahead_run([sys.executable, "-c", "import os, time; open(os.path.join("
+                                 f"{str(tmp_path)!r}, 'pid{i}'), 'w').write(str(os.getpid()));"
+                                 " time.sleep(600)"]) for i in range(2)]
     never = ahead.ahead(lambda tmp: pytest.fail("a launch not begun at the end ran"))
-    thread = ahead.start([printed, sleeper, never])
+    threads = ahead.start([printed, *sleepers, never])  # two threads: both sleepers at once
     try:
         monkeypatch.setenv("MINDDP_PROBE", "set later by a test")
         deadline = time.monotonic() + helpers.HANG_S
-        while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
-            assert time.monotonic() < deadline and thread.is_alive()
-            time.sleep(0.05)
-        pid = int((tmp_path / "pid").read_text())
+        pids = []
+        for pid in (tmp_path / "pid0", tmp_path / "pid1"):
+            while not pid.exists() or not pid.read_text():
+                assert time.monotonic() < deadline and all(t.is_alive() for t in threads)
+                time.sleep(0.05)
+            pids.append(int(pid.read_text()))
     finally:  # (a failure above leaves no process sleeping)
-        ahead.stop(thread)
+        ahead.stop(threads)
     assert printed.result().stdout == "at the start\n"
-    with pytest.raises(helpers.Hang, match="still running after the session ended; killed"):
-        sleeper.result()
-    with pytest.raises(ProcessLookupError):  # killed and reaped
-        os.kill(pid, 0)
+    for sleeper, pid in zip(sleepers, pids):
+        with pytest.raises(helpers.Hang, match="still running after the session ended; killed"):
+            sleeper.result()
+        with pytest.raises(ProcessLookupError):  # killed and reaped
+            os.kill(pid, 0)
     assert not never._claimed
