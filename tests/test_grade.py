@@ -619,6 +619,34 @@ def test_a_rank_killed_while_writing_leaves_its_whole_lines_read_and_the_part_ig
                                           " in a collective"), result["diagnosis"]
 
 
+def test_a_rank_killed_while_writing_its_error_leaves_no_part_of_it_read(tmp_path, monkeypatch):
+    """At the limit the ranks are killed one by one: a peer of the first may raise
+    ("Connection closed") and be killed while it writes that traceback. Its error file
+    appears whole or not at all (ranks.whole); the report is the hang's, not an exception's
+    last line read from a part."""
+    from minddp.grader import ranks
+    student = tmp_path / "naive.py"
+    student.write_text("")
+    (tmp_path / "rank0.collectives").write_text("in broadcast (naive.py line 3)\ndone\n")
+    (tmp_path / "rank1.collectives").write_text(
+        "in broadcast (naive.py line 3)\ndone\nin all_reduce (naive.py line 7)\n")
+    written = pathlib.Path.write_text
+
+    def killed(path, text):  # the first half written, then the rank is gone
+        written(path, text[:len(text) // 2])
+        raise SystemExit(-9)
+    monkeypatch.setattr(pathlib.Path, "write_text", killed)
+    with pytest.raises(SystemExit):
+        ranks.whole(tmp_path / "rank1.error", PEER_LEFT.format(file=student.resolve()))
+    monkeypatch.undo()
+    assert not (tmp_path / "rank1.error").exists() and (tmp_path / "rank1.error.part").exists()
+    [result] = ranks.report(tmp_path, student, "naive", 2, 3, stuck=True)
+    assert result["where"] == "rank 0 in none; rank 1 waits in all_reduce (naive.py line 7)"
+    assert result["diagnosis"].startswith("a collective that never completed within 3 s")
+    ranks.whole(tmp_path / "rank1.error", "Traceback (most recent call last):\nValueError: x\n")
+    assert (tmp_path / "rank1.error").read_text().endswith("ValueError: x\n")  # whole
+
+
 def test_the_rank_that_says_why_is_reported_not_the_peer_that_saw_it_leave(tmp_path):
     from minddp.grader.ranks import report
     student = tmp_path / "sharded.py"

@@ -111,8 +111,17 @@ def _rank(rank, world_size, file, name, tmp, environ, timeout):
         del student
         ddp_teardown()
     except BaseException:
-        (out / f"rank{rank}.error").write_text(traceback.format_exc())
+        whole(out / f"rank{rank}.error", traceback.format_exc())
         sys.exit(1)
+
+
+def whole(path, text):
+    """Write `text` to `path` whole or not at all: a rank killed at the limit while writing
+    (a peer's "Connection closed" raised as the ranks are killed) leaves only `path`.part,
+    which the report never reads, not the first part of a traceback or an empty file."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    os.replace(part, path)  # (a rename: the file appears with all of its text)
 
 
 def run_world(file, name, world_size, timeout):
