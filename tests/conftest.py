@@ -5,6 +5,7 @@
 
 import ast
 import inspect
+import signal
 
 import pytest
 
@@ -98,6 +99,17 @@ def _launches_ahead(items):
                 if name in reached:
                     order += [launch for launch in launches if launch not in order]
     return order
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_stays_the_sessions():
+    """A minddp command run in this process (helpers.cli, a parser) takes Ctrl-C for itself,
+    as its own process should (run/cli.py: one line, exit 130 at once). Left so after the
+    test, a Ctrl-C would end the session without its cleanup: the launches ahead and the
+    spawns still running, their folders kept."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@
 
 import ctypes
 import os
+import signal
 import sys
 import time
 
@@ -153,3 +154,15 @@ def test_launches_ahead_see_the_sessions_environment_and_stop_at_its_end(tmp_pat
         with pytest.raises(ProcessLookupError):  # killed and reaped
             os.kill(pid, 0)
     assert not never._claimed
+
+
+def test_a_command_run_in_this_process_takes_ctrl_c_for_itself():
+    from minddp.run.errors import interrupted
+    assert helpers.cli("diff", "nowhere1", "nowhere2").returncode == 2
+    assert signal.getsignal(signal.SIGINT) is interrupted  # as its own process would
+
+
+def test_the_next_test_has_the_sessions_ctrl_c_back():
+    # (conftest: a Ctrl-C then ends the session with its cleanup, not at once with exit 130)
+    from minddp.run.errors import interrupted
+    assert signal.getsignal(signal.SIGINT) is not interrupted
