@@ -21,6 +21,7 @@ def pytest_configure(config):
     refusal = torch_too_old()
     if refusal:
         pytest.exit(refusal.strip(), returncode=2)
+    _SESSIONS_CTRL_C.append(signal.getsignal(signal.SIGINT))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -55,6 +56,7 @@ def pytest_sessionfinish(session):
 
 
 _SPAWNS, _AHEAD = pytest.StashKey(), pytest.StashKey()
+_SESSIONS_CTRL_C = []  # SIGINT's handler when the session began
 _USES = {}  # module name: {top-level function: the names its body uses}
 
 
@@ -106,10 +108,10 @@ def _ctrl_c_stays_the_sessions():
     """A minddp command run in this process (helpers.cli, a parser) takes Ctrl-C for itself,
     as its own process should (run/cli.py: one line, exit 130 at once). Left so after the
     test, a Ctrl-C would end the session without its cleanup: the launches ahead and the
-    spawns still running, their folders kept."""
-    before = signal.getsignal(signal.SIGINT)
+    spawns still running, their folders kept. So each test ends with the session's own (not
+    the one it began with: a module's fixture may have run a command before it)."""
     yield
-    signal.signal(signal.SIGINT, before)
+    signal.signal(signal.SIGINT, _SESSIONS_CTRL_C[0])
 
 
 @pytest.fixture(scope="session")
