@@ -108,8 +108,9 @@ def _ctrl_c_stays_the_sessions():
     """A minddp command run in this process (helpers.cli, a parser) takes Ctrl-C for itself,
     as its own process should (run/cli.py: one line, exit 130 at once). Left so after the
     test, a Ctrl-C would end the session without its cleanup: the launches ahead and the
-    spawns still running, their folders kept. So each test ends with the session's own (not
-    the one it began with: a module's fixture may have run a command before it)."""
+    spawns still running, their folders kept. So each test starts and ends with the
+    session's own (a module's fixture may have run a command just before)."""
+    signal.signal(signal.SIGINT, _SESSIONS_CTRL_C[0])
     yield
     signal.signal(signal.SIGINT, _SESSIONS_CTRL_C[0])
 
