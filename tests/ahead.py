@@ -5,8 +5,8 @@
 A test whose work is a launch of real processes (torchrun: its agent, then each worker,
 import torch before any work; or a script) mostly leaves a core idle. Registered at import
 with ahead(), such a launch runs in one of two threads from the session's start
-(conftest), each taking the next launch not begun, in the order of the tests that read
-them, beside the tests running in front and the shared spawns (helpers.share_spawn). A test
+(conftest), each taking the next launch not begun, in the order of the test files that
+read them, beside the tests running in front and the shared spawns (helpers.share_spawn). A test
 asks for its launch's result: it waits for the launch if a thread is running it, or runs it
 itself, there and then, if no thread has reached it. What the test checks stays in the
 test; a launch that raises (a hang killed at its bound) fails the tests that read it, with
