@@ -736,6 +736,29 @@ def test_right_averages_that_are_not_stocks_bits_are_correct_and_a_wrong_one_fai
             check["diagnosis"], check
 
 
+def _divided_at_4(rank, world_size):
+    """NaiveDDP dividing (x / W), graded at 4 ranks: the check on the group of ranks 1..3."""
+    lesson = (REPO / "minddp" / "ddp" / "naive.py").read_text()
+    with tempfile.TemporaryDirectory() as directory:
+        path = pathlib.Path(directory, "naive.py")
+        path.write_text(lesson.replace(SCALE, RIGHT_BUT_NOT_STOCKS["divide"][0]))
+        results = CHECKS["naive"](load(path, EXERCISES["naive"].lesson), rank, world_size)
+    return [r for r in results if "process_group = ranks 1..3" in r["check"]]
+
+
+share_spawn(_divided_at_4, [4])
+
+
+def test_a_right_average_in_a_group_without_rank_0_is_judged_alike_on_every_rank():
+    """x / 3 and x * (1/3) round apart: the right ways are all-reduced in the group, and
+    rank 0, outside it, is sent them: every rank says correct and names the division."""
+    results = shared_results(_divided_at_4, 4)
+    assert all(r == results[0] for r in results), results
+    (check,) = results[0]
+    assert check["passed"] and check.get("outcome") == "correct", check
+    assert "you divide each gradient" in check["diagnosis"], check
+
+
 # FSDP's reduce_scatter written other right ways (and one wrong): at 3 ranks each rounds
 # apart from stock's one flat reduce_scatter(AVG). Unit.reduce_scatter is the lesson's last
 # function: its body, from the line below on, is replaced.

@@ -21,7 +21,10 @@ differs from stock is named by trying the usual right ways on the same gradients
 """
 
 import numpy as np
+import torch
 import torch.distributed as dist
+
+from ..launch.groups import global_rank
 
 U = 2.0 ** -24  # float32's unit roundoff
 
@@ -54,6 +57,27 @@ def right_ways(grads, world_size, group=None):
     return ways
 
 
+def right_ways_of(local, group=None):
+    """Collective, on every rank: [each step's right_ways] for a run whose local gradients on
+    this rank were `local` ([each step's {name: array}]; None on a rank outside `group`).
+
+    Called only for a gradient a rounding apart from stock's: the ways cost 3 all_reduces per
+    parameter and step, and most runs are stock's bits, which need none. Every rank decides
+    alike (from what all gathered), so all of them call it or none. A rank outside `group`
+    is sent the group's ways by its first rank.
+    """
+    ways = None
+    if local is not None:
+        size = dist.get_world_size(group)
+        ways = [right_ways({n: None if g is None else torch.from_numpy(g)
+                            for n, g in grads.items()}, size, group) for grads in local]
+    if group is not None:
+        box = [ways]
+        dist.broadcast_object_list(box, src=global_rank(group, 0))
+        ways = box[0]
+    return ways
+
+
 NOTES = {  # DDP's: stock scales each rank's gradient by 1/W, then all-reduces buckets
     "x / W": "you divide each gradient by the world size (x / W); stock multiplies by 1/W (x *"
              " (1/W)), and the two round differently: multiply by 1.0 / world_size for stock's"
@@ -81,8 +105,8 @@ FSDP_NOTES = {  # stock's fully_shard: one reduce_scatter(AVG) of a flat buffer 
 
 
 def judge(yours, locals_, ways, world_size, notes=NOTES):
-    """(correct, where, what): yours[step][rank], locals_[step][rank] and ways[step][rank]
-    as gathered from every rank; `notes` names what differs from stock, by way."""
+    """(correct, where, what): yours[step][rank] and locals_[step][rank] as gathered from
+    every rank, ways[step] (right_ways_of); `notes` names what differs from stock, by way."""
     units_seen, matched = 0.0, set(notes)
     for step, (mine, theirs) in enumerate(zip(yours, locals_)):
         for name in mine[0]:
@@ -104,7 +128,7 @@ def judge(yours, locals_, ways, world_size, notes=NOTES):
                             f"{units:.3g} units of u x sum|g_r|/W from the exact average, where"
                             f" any order of the sum stays within {world_size + 2}: a wrong"
                             f" gradient, not a different order")
-            matched &= {w for w in notes if np.array_equal(mine[0][name], ways[step][0][w][name])}
+            matched &= {w for w in notes if np.array_equal(mine[0][name], ways[step][w][name])}
     way = next(iter(sorted(matched)), None)
     what = notes[way] if way else ("another rounding than stock's: another order of the sum,"
                                     " or the 1/W in another place (before or after the sum,"

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from .diagnosis import compare
-from .bound import judge, right_ways
+from .bound import judge, right_ways_of
 from .training import (MODELS, STEPS, _everyone, _np, _ranks, _result, _runs, _train, destroy,
                        toy_batch)
 
@@ -103,25 +103,27 @@ def _run(student, cls_name, rank, model_spec, group=None, micro=False, **kwargs)
         "stock": _train(stock, stock_model, make_optimizer, batch, loss_fn, rank, micro=micro),
         "yours": _train(yours, model, make_optimizer, batch, loss_fn, rank, plain=build(),
                         micro=micro)}
-    # The right ways to average each step's local gradients, once the run is over (its
-    # collectives then pair with nobody's but these: a student's stray one has ended).
-    local = record["yours"].pop("local")
-    size = dist.get_world_size(group)
-    record["yours"]["ways"] = [right_ways(grads, size, group) for grads in local]
-    record["yours"]["local"] = [{n: _np(g) for n, g in grads.items()} for grads in local]
+    # Each step's local gradients, for the right ways to average them (bound.py)
+    record["yours"]["local"] = [{n: _np(g) for n, g in grads.items()}
+                                for grads in record["yours"]["local"]]
     return record
 
 
-def _verdict(check, everyone, order_note):
-    """One result from the group's records (every member's, in group rank order)."""
+def _verdict(check, everyone, order_note, group=None, mine=None):
+    """One result from the group's records (every member's, in group rank order). With a
+    `group` that leaves some ranks out: `mine`, this rank's record (None outside it)."""
     size = len(everyone)
     passed, where, why = compare(_runs(everyone, "yours"), _runs(everyone, "stock"), size,
                                  order_note)
     result = _result(check, passed, where, why)
     if not passed and why.startswith("tiny"):  # a rounding apart: right, or wrong?
+        # The right ways, from each rank's local gradients, all_reduced now: long after the
+        # run, so the collectives pair with nobody's but these (a student's stray one ended).
+        mine = everyone[dist.get_rank()] if group is None else mine
+        ways = right_ways_of(mine and mine["yours"]["local"], group)
         by_step = [[[e["yours"][key][s] for e in everyone] for s in range(STEPS)]
-                   for key in ("grads", "local", "ways")]
-        correct, at, verdict = judge(*by_step, size)
+                   for key in ("grads", "local")]
+        correct, at, verdict = judge(*by_step, ways, size)
         result.update(passed=correct, outcome="correct" if correct else "failed",
                       where=where if correct else at, diagnosis=verdict)
     return result
@@ -183,7 +185,7 @@ def ddp(student, rank, world_size, cls_name, order_note):
         mine = _run(student, cls_name, rank, toy, group=group) if rank else None
         everyone = [e for e in _everyone(mine) if e is not None]
         result = _verdict(f"{_ranks(world_size)}, {toy[0]}, process_group = ranks 1.."
-                          f"{world_size - 1}", everyone, order_note)
+                          f"{world_size - 1}", everyone, order_note, group, mine)
         global_size = f"{(world_size - 1) / world_size:.3f}x stock's"
         if not result["passed"] and result["diagnosis"].startswith(global_size):
             result["diagnosis"] = (f"{global_size}: divided by the whole world's size"

@@ -21,7 +21,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.device_mesh import init_device_mesh as stock_mesh
 from torch.nn.parallel import DistributedDataParallel
 
-from .bound import FSDP_NOTES, judge, right_ways
+from .bound import FSDP_NOTES, judge, right_ways_of
 from .diagnosis import compare, first_difference
 from .training import MODELS, STEPS, _everyone, _np, _ranks, _result, _runs, _train, destroy
 
@@ -119,10 +119,9 @@ def fsdp(student, rank, world_size):
     adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False)  # noqa: E731
     record = {"stock": _train(stock, stock, adamw, batch, F.mse_loss, rank),
               "yours": _train(model, model, adamw, batch, F.mse_loss, rank, plain=plain)}
-    # The right ways to average each step's local gradients, after the run (bound.py).
-    local = record["yours"].pop("local")
-    record["yours"]["ways"] = [right_ways(grads, world_size) for grads in local]
-    record["yours"]["local"] = [{n: _np(g) for n, g in grads.items()} for grads in local]
+    # Each step's local gradients, for the right ways to average them (bound.py)
+    record["yours"]["local"] = [{n: _np(g) for n, g in grads.items()}
+                                for grads in record["yours"]["local"]]
     everyone = _everyone(record)
     result = _result(f"{_ranks(world_size)}, an MLP whose rows no rank count divides, AdamW",
                      *compare(_runs(everyone, "yours"), _runs(everyone, "stock"), world_size,
@@ -132,9 +131,10 @@ def fsdp(student, rank, world_size):
                                " the average over the ranks: the gradients were never reduced"
                                " (reduce_scatter with AVG, and keep its result)")
     if not result["passed"] and result["diagnosis"].startswith("tiny"):  # right, or wrong?
+        ways = right_ways_of(everyone[rank]["yours"]["local"])  # (every rank alike)
         by_step = [[[e["yours"][key][s] for e in everyone] for s in range(STEPS)]
-                   for key in ("grads", "local", "ways")]
-        correct, at, verdict = judge(*by_step, world_size, notes=FSDP_NOTES)
+                   for key in ("grads", "local")]
+        correct, at, verdict = judge(*by_step, ways, world_size, notes=FSDP_NOTES)
         result.update(passed=correct, outcome="correct" if correct else "failed",
                       where=result["where"] if correct else at, diagnosis=verdict)
     return [result]
