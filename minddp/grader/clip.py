@@ -81,11 +81,15 @@ def _clipped(clip, model, stage, mesh, saved):
     """{max_norm: (total, {name: local gradient after})}, the gradients put back between."""
     seen = {}
     for max_norm in MAX_NORMS:
-        for p, g in zip(model.parameters(), saved):
-            p.grad = None if g is None else g.clone()
+        _put_back(model, saved)
         total = clip(stage, max_norm, mesh)
         seen[max_norm] = (total, _grads(model))
     return seen
+
+
+def _put_back(model, saved):
+    for p, g in zip(model.parameters(), saved):
+        p.grad = None if g is None else g.clone()
 
 
 def clip(student, rank, world_size):
@@ -102,15 +106,17 @@ def clip(student, rank, world_size):
         assert all((a is None) == (b is None) and (a is None or torch.equal(a, b))
                    for a, b in zip(ours_before.values(), before.values())), \
             f"{label}: minddp's gradients before clipping are not stock's: the grader's fault"
-        exact = _hypotheses(model, mesh, names, dp)
         saved = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
         yours = _clipped(student.clip_grad_norm_, model, stage, mesh, saved)
-        record = {m: _compared(yours[m], theirs[m], before, m) for m in MAX_NORMS}
-        # each rank's own mistakes' totals: a part not summed is this rank's part alone
-        everyone = _everyone((record, exact))
+
+        def hypotheses():  # (a collective: called on every rank alike, by _verdict)
+            _put_back(model, saved)  # the gradients before clipping
+            # each rank's own mistakes' totals: a part not summed is this rank's part alone
+            return _everyone(_hypotheses(model, mesh, names, dp))
+        everyone = _everyone({m: _compared(yours[m], theirs[m], before, m) for m in MAX_NORMS})
         results.append(_result(
             f"{_ranks(world_size)}, {label}: the total norm and every gradient, max_norm"
-            f" {MAX_NORMS[0]} and {MAX_NORMS[1]}", *_verdict(everyone)))
+            f" {MAX_NORMS[0]} and {MAX_NORMS[1]}", *_verdict(everyone, hypotheses)))
     return results
 
 
@@ -245,14 +251,16 @@ WHY = {
 }
 
 
-def _verdict(everyone):
+def _verdict(everyone, hypotheses):
     """passed, where, diagnosis: the first rank and max_norm that differs, read as a mistake
-    with that rank's totals of the usual mistakes."""
-    for rank, (record, exact) in enumerate(everyone):
+    with that rank's totals of the usual mistakes: hypotheses()[rank], every rank's. They
+    cost some all_reduces per weight, so they are computed only for a total not stock's."""
+    for rank, record in enumerate(everyone):
         for max_norm, r in record.items():
             if r["total"] != r["stock"]:
                 where = (f"rank {rank}, max_norm {max_norm}: the total norm: yours"
                          f" {r['total']!r}, stock's {r['stock']!r}")
+                exact = None if r["total"] is None else hypotheses()[rank]
                 return False, where, _total_why(r["total"], exact)
             if "first" in r:
                 where = (f"rank {rank}, max_norm {max_norm}, {r['first']}"
