@@ -95,28 +95,27 @@ def _check(student, rank, world_size, sequence):
     model = _Gathered() if gathered else _MLP()
     stock, textbook = copy.deepcopy(model), copy.deepcopy(model)
     gather = {"input_layouts": (Shard(1),), "desired_input_layouts": (Replicate(),)}
-    for who, m, library, mesh, rowwise in (
-            ("yours", model, student, init_device_mesh, student.RowwiseParallel),
-            ("stock", stock, stock_tp, stock_mesh, stock_tp.RowwiseParallel),
-            ("textbook", textbook, lesson, init_device_mesh,
-             functools.partial(_bias_after_sum, lesson.RowwiseParallel))):
+
+    def parallelized(who, m, library, mesh, rowwise):
         plan = {f"{at}up": library.ColwiseParallel(**col), f"{at}down": rowwise(**row)}
         if gathered:
             plan["block"] = (stock_tp.PrepareModuleInput if who == "stock" else
                              PrepareModuleInput)(**gather)
         library.parallelize_module(m, mesh("cpu", (world_size,)), plan)
+        return m
+
     def whole(name, t, cuts):  # cuts: the model's slices, (dim, group) per parameter name
         if t is None or name not in cuts:
             return _np(_whole(t))
         parts = [torch.empty_like(t) for _ in range(world_size)]
         dist.all_gather(parts, t.detach().contiguous(), group=cuts[name][1])
         return _np(torch.cat(parts, cuts[name][0]))
-    record = {}
-    for who, m in (("stock", stock), ("yours", model), ("textbook", textbook)):
+
+    def run(who, m):
         optimizer = torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=False)
         mine = sliced(m) if who != "stock" else {}  # (stock's are DTensors: _whole)
-        record[who] = {"start": {n: whole(n, p, mine) for n, p in m.named_parameters()},
-                       "grads": [], "weights": []}
+        record = {"start": {n: whole(n, p, mine) for n, p in m.named_parameters()},
+                  "grads": [], "weights": []}
         for step in range(STEPS):
             # the same x on every rank (TP splits the layers, not the batch); with sequence
             # parallelism each rank its own slice of the sequence (dim 1)
@@ -126,11 +125,14 @@ def _check(student, rank, world_size, sequence):
             out = m(x)
             out.square().mean().backward()
             grads = {n: whole(n, p.grad, mine) for n, p in m.named_parameters()}
-            record[who]["grads"].append({"(output)": _np(out), "(the input's gradient)":
-                                         _np(x.grad), **grads})
+            record["grads"].append({"(output)": _np(out), "(the input's gradient)":
+                                    _np(x.grad), **grads})
             optimizer.step()
-            record[who]["weights"].append({n: whole(n, p, mine) for n, p in m.named_parameters()})
-    everyone = _everyone(record)
+            record["weights"].append({n: whole(n, p, mine) for n, p in m.named_parameters()})
+        return record
+    model = parallelized("yours", model, student, init_device_mesh, student.RowwiseParallel)
+    stock = parallelized("stock", stock, stock_tp, stock_mesh, stock_tp.RowwiseParallel)
+    everyone = _everyone({"stock": run("stock", stock), "yours": run("yours", model)})
     label = (f"{_ranks(world_size)}, a replicated layer, then up (column) and down (row)"
              + (", sequence parallel, the block's input gathered by PrepareModuleInput"
                 if gathered else ", sequence parallel (Shard(1) in and out)" if sequence
@@ -168,6 +170,12 @@ def _check(student, rank, world_size, sequence):
             why = (f"the output holds the row split's bias {world_size} times: every rank adds"
                    f" all of it before the sum (add bias / world_size on each, as stock)")
     result = _result(label, passed, where, why)
+    if not passed and why.startswith("tiny"):  # a rounding apart: the textbook's bias? (run
+        # only here, on every rank alike: each decided from what all gathered)
+        textbook = parallelized("textbook", textbook, lesson, init_device_mesh,
+                                functools.partial(_bias_after_sum, lesson.RowwiseParallel))
+        for mine, theirs in zip(everyone, _everyone(run("textbook", textbook))):
+            mine["textbook"] = theirs
     if not passed and why.startswith("tiny") and compare(
             _runs(everyone, "yours"), _runs(everyone, "textbook"), world_size)[0]:
         result.update(passed=True, outcome="correct", diagnosis=(
