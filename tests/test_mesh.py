@@ -245,7 +245,8 @@ def _pp_x_fsdp(rank, world_size):
     return _train_pipelines(built, [(8, 8), (8, 4)])
 
 
-CASES = [*COMPOSITIONS, "pp x fsdp", "1f1b x tp+sp, 4 microbatches"]
+CASES = [*COMPOSITIONS, "pp x fsdp", "1f1b x tp+sp, 4 microbatches",
+         "1f1b x tp+sp, 4 microbatches, residual blocks, SGD with weight decay"]
 
 
 def _pp_x_fsdp_x_tp(rank, world_size):
@@ -278,6 +279,37 @@ def _pp_x_sp(rank, world_size):
     return _train_pipelines(built, [(8, 8, 16), (8, 8, 16)], steps=5, sequence=True)
 
 
+class _Residual(torch.nn.Module):
+    """x + ff(norm(x)): the block of stock's sequence-parallel docs, without attention."""
+
+    def __init__(self, d=12, hidden=16):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.ff = torch.nn.Sequential(torch.nn.Linear(d, hidden), torch.nn.GELU(),
+                                      torch.nn.Linear(hidden, d))
+
+    def forward(self, x):
+        return x + self.ff(self.norm(x))
+
+
+def _pp_x_sp_sgd(rank, world_size):
+    """1F1B over pp, stock's documented SP plan over tp, SGD with momentum and weight decay:
+    the decay's share is added to each rank's Partial LayerNorm gradient before its sum."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(*(_Residual() for _ in range(4)))
+    plan = {"norm": "sp", "ff": "gather", "ff.0": "col", "ff.2": "row-sp"}
+
+    def parallelize(who, stage_module, mesh):
+        for block in stage_module:
+            PARALLELIZE[who](block, mesh["tp"], _plan(who, plan))
+
+    built = _pipelines(base, (2, 2), ("pp", "tp"), parallelize, "Schedule1F1B", 4)
+    for who in built[2]:
+        built[2][who] = torch.optim.SGD(built[1][who].parameters(), lr=0.1, momentum=0.9,
+                                        weight_decay=0.01)
+    return _train_pipelines(built, [(8, 6, 12), (8, 6, 12)], steps=5, sequence=True)
+
+
 def _differ(seen):
     """The first three differences between stock's (loss, grads, weights) and minddp's."""
     (l_s, g_s, w_s), (l_m, g_m, w_m) = seen["stock"], seen["minddp"]
@@ -295,6 +327,7 @@ def _four(rank, world_size):
              for name in COMPOSITIONS}
     cases["pp x fsdp"] = _pp_x_fsdp(rank, world_size)
     cases["1f1b x tp+sp, 4 microbatches"] = _pp_x_sp(rank, world_size)
+    cases["1f1b x tp+sp, 4 microbatches, residual blocks, SGD with weight decay"] = _pp_x_sp_sgd(rank, world_size)
     return {"groups": _groups(rank, world_size), **cases}
 
 

@@ -142,7 +142,16 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _case(rank, world_size, name, steps=3):
+# Optimizers that read a gradient otherwise than AdamW does: each adds to it before the sum
+# over tp that stock makes of a Partial one (sequence parallel's LayerNorms) when it is read.
+OPTIMIZERS = {
+    "sgd weight_decay": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
+    "sgd nesterov": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
+    "adam weight_decay": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.01,
+                                                     foreach=False)}
+
+
+def _case(rank, world_size, name, steps=3, optimizer=None):
     build, shape, plan, sequence, per_rank = PLANS[name]  # per_rank None: and no broadcast
     torch.manual_seed(0 if per_rank is False else rank)
     keywords = {"src_data_rank": None} if per_rank is None else {}
@@ -153,8 +162,9 @@ def _case(rank, world_size, name, steps=3):
         model = copy.deepcopy(base)
         parallelize(model, mesh, {n: _style(who, s) for n, s in plan.items()}, **keywords)
         models[who] = model
-        optimizers[who] = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1,
-                                            foreach=False)
+        optimizers[who] = (OPTIMIZERS[optimizer](model.parameters()) if optimizer else
+                           torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1,
+                                             foreach=False))
     verdicts = []
     for step in range(steps):
         g = torch.Generator().manual_seed(100 + step)  # the same batch on every rank
@@ -196,7 +206,9 @@ def _mistakes(rank, world_size):
             "row input layout": lambda: minddp.tp.RowwiseParallel(input_layouts=Replicate()),
             "gather kept local": lambda: minddp.tp.sequence_parallel.PrepareModuleInput(
                 input_layouts=Shard(1), desired_input_layouts=Replicate(), use_local_output=True),
-            "mixed input": lambda: _mixed(rank, world_size, "minddp")}.items())
+            "mixed input": lambda: _mixed(rank, world_size, "minddp"),
+            "sp on a block": lambda: parallelize_module(
+                Block(), None, {"mlp": minddp.tp.sequence_parallel.SequenceParallel()})}.items())
 
 
 class Scaled(Attention):
@@ -258,6 +270,7 @@ def _textbook_bias(rank, world_size):
 
 def _everything(rank, world_size):
     return {"cases": {name: _case(rank, world_size, name) for name in PLANS},
+            "optimizers": {o: _case(rank, world_size, "block-sp", optimizer=o) for o in OPTIMIZERS},
             "mistakes": _mistakes(rank, world_size),
             "single style": _single_style(rank, world_size),
             "mixed stock": _mixed(rank, world_size, "stock"),
@@ -278,6 +291,16 @@ def test_tensor_parallel_bitwise_equal_to_parallelize_module(world_size, name):
         assert out["cases"][name] == ["equal"] * 3, f"rank {rank}: {out['cases'][name]}"
 
 
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_sequence_parallel_is_stocks_under_an_optimizer_that_adds_to_the_gradient(
+        world_size, optimizer):
+    # Stock's LayerNorm gradient is Partial until read: weight_decay's share of the weight,
+    # or Nesterov's of the momentum, is added to each rank's part before the sum over tp.
+    for rank, out in enumerate(_results(world_size)):
+        assert out["optimizers"][optimizer] == ["equal"] * 3, (rank, out["optimizers"][optimizer])
+
+
 @pytest.mark.parametrize("mistake,message", [
     ("not in the model", "the plan names 'nope', which MLP does not have"),
     ("not a Linear", "'ln1' is a LayerNorm, not an nn.Linear"),
@@ -288,7 +311,8 @@ def test_tensor_parallel_bitwise_equal_to_parallelize_module(world_size, name):
     ("col output layout", "ColwiseParallel(output_layouts=Replicate()) is not implemented"),
     ("row input layout", "RowwiseParallel(input_layouts=Replicate()) is not implemented"),
     ("gather kept local", "PrepareModuleInput is implemented for input_layouts=Shard(d)"),
-    ("mixed input", "'q': its input mixes the gathered input with other tensors")])
+    ("mixed input", "'q': its input mixes the gathered input with other tensors"),
+    ("sp on a block", "SequenceParallel on 'mlp': its submodules hold up.weight")])
 def test_a_wrong_plan_is_one_line_before_any_collective(mistake, message):
     for out in _results(2):
         assert out["mistakes"][mistake] is not None and message in out["mistakes"][mistake]

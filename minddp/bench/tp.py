@@ -18,8 +18,9 @@ functional collectives, not counted); "formula" is what the lesson predicts for 
 per block, with A the bytes of one block's activations (batch x tokens x width x 4), TP's
 forward all_reduces twice (after the output projection and the MLP) and its backward four
 times (q, k and v each bring an input gradient to sum, and the MLP's first layer one); SP
-replaces each all_reduce by an all_gather and a reduce_scatter, in the same places, plus
-the LayerNorm gradients' all_reduces. Step times: medians of rounds in a shuffled order, as
+replaces each all_reduce by an all_gather and a reduce_scatter, in the same places; the
+LayerNorm gradients' sums over the ranks are DTensor's (Partial until the optimizer reads
+them, as stock's: tp/sequence_parallel.py), not counted. Step times: medians of rounds in a shuffled order, as
 ratios to stock's TP in the same run.
 """
 
@@ -125,8 +126,7 @@ def formula_mb(way, batch, world_size):
         return None
     if way == "TP":
         return {"all_reduce": BLOCKS * 6 * a}
-    ln = BLOCKS * 4 * WIDTH * 4 / 2**20  # two LayerNorms' weight and bias gradients
-    return {"all_gather": BLOCKS * 4 * a, "reduce_scatter": BLOCKS * 4 * a, "all_reduce": ln}
+    return {"all_gather": BLOCKS * 4 * a, "reduce_scatter": BLOCKS * 4 * a}
 
 
 def tp_size(size, args, rank, world_size, device):

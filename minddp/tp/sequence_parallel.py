@@ -12,7 +12,8 @@ each rank a slice of the sequence there instead, and trades the split's collecti
                      summed output of its own tokens only;
   column split, before  all_gather along the sequence: the whole sequence again;
   LayerNorm          on this rank's tokens; its weights stay whole on every rank, and their
-                     gradient, computed from this rank's tokens only, is summed over ranks.
+                     gradient, computed from this rank's tokens only, is a partial sum:
+                     summed over ranks when it is read (a DTensor, Partial, as stock's).
 An all_reduce is a reduce_scatter and an all_gather, so the bytes sent are the same; what
 changes is the memory between the splits: 1 / world_size of it.
 
@@ -25,74 +26,62 @@ import weakref
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DeviceMesh, DTensor, Partial, Replicate
 
 from .ops import COLLECTIVES, gather_sequence, sequence_dim
 from .plan import refuse_prepare
 from ..launch.usage_error import UsageError
 
+# module -> {name: its weight as a DTensor}: the weights SequenceParallel made, for a wrapper
+# that takes them over (dropin/sp_order.py: DDP and fully_shard sum where stock's sum).
+WEIGHTS = weakref.WeakKeyDictionary()
+
 
 class SequenceParallel:
-    """A LayerNorm on this rank's tokens; its weights' gradients summed over ranks."""
+    """A LayerNorm on this rank's tokens; its weights' gradients a partial sum until read."""
 
     def __init__(self, *, sequence_dim=1, use_local_output=False):
         self.sequence_dim = sequence_dim  # stock's arguments; the output is this rank's slice
 
     def check(self, name, module, parent, world_size):
-        pass  # any module: its weights stay whole on every rank
+        inside = [n for n, _ in module.named_parameters() if "." in n]
+        if inside:
+            # Stock's register_parameter("sub.weight") raises there (a KeyError): a weight of
+            # a module inside would run whole on this rank's tokens, its gradient never summed.
+            raise UsageError(f"SequenceParallel on {name!r}: its submodules hold {inside[0]}",
+                             hint="put SequenceParallel on each norm itself, as stock needs",
+                             same_on_every_rank=True)
 
     def apply(self, name, module, group, src, region=None):
-        # Stock leaves the weights as they are on each rank (no broadcast: a LayerNorm starts
-        # at ones and zeros everywhere), and so does this.
-        hooked = []  # weak references to the tensors that have the hook: each gets it once
-        module.register_forward_pre_hook(lambda m, args: _sum_gradients(m, group, hooked))
+        # Stock leaves the weights' values as they are on each rank (no broadcast: a LayerNorm
+        # starts at ones and zeros everywhere), and so does this. Each becomes a DTensor,
+        # Replicate over tp, as stock's: the type that can hold a gradient not yet summed.
+        WEIGHTS[module] = {}
+        for attr, param in list(module.named_parameters()):
+            mesh = DeviceMesh.from_group(group or dist.group.WORLD, param.device.type)
+            whole = DTensor.from_local(param.detach(), mesh, [Replicate()], run_check=False)
+            WEIGHTS[module][attr] = torch.nn.Parameter(whole, param.requires_grad)
+            module.register_parameter(attr, WEIGHTS[module][attr])
+        swapped = {}
+        module.register_forward_pre_hook(lambda m, args: _local_weights(m, swapped))
+        module.register_forward_hook(lambda m, args, out: m._parameters.update(swapped))
 
 
-# Wrappers that move the sum over tp where stock's move it (dropin/sp_order.py):
-# module -> make_hook(param, group), used in place of _LocalSum below.
-SUM_HOOKS = weakref.WeakKeyDictionary()
-
-
-def _sum_gradients(module, group, hooked):
-    # The hook goes on the tensors the module holds *at forward time*: a wrapper applied
-    # after this one (fully_shard) swaps in parameters of its own, and a hook on the replaced
-    # tensor would never fire.
-    hooked[:] = [ref for ref in hooked if ref() is not None]
-    for param in module.parameters():
-        if param.requires_grad and not any(ref() is param for ref in hooked):
-            hooked.append(weakref.ref(param))
-            make_hook = SUM_HOOKS.get(module, _LocalSum)
-            param.register_hook(make_hook(param, group))
-
-
-def summed(grad, group):
-    """Collective over tp: a copy of grad, summed over the group's ranks."""
-    grad = grad.clone()
-    dist.all_reduce(grad, group=group)
-    return grad
-
-
-class _LocalSum:
-    """This rank's own gradient of one weight, its microbatches added, then summed over tp.
-
-    Stock keeps this gradient Partial (a DTensor): each rank adds its microbatches' parts,
-    and the sum over tp happens once, when the gradient is read (by the optimizer, or by
-    fully_shard before it reduces over dp). Adding per-microbatch sums instead rounds
-    otherwise. So each backward adds this rank's part to its own running sum and sets .grad
-    to that sum summed over tp: the gradient stock reads, whenever it is read."""
-
-    def __init__(self, param, group):
-        self.param, self.group = weakref.ref(param), group
-        self.local = self.given = None  # this rank's sum so far; the .grad it became
-
-    def __call__(self, grad):
-        param = self.param()
-        if param.grad is None or self.given is None or not torch.equal(param.grad, self.given):
-            self.local = grad.clone()  # a new step: zero_grad() emptied .grad (or zeroed it)
-        else:
-            self.local = self.local + grad  # another microbatch, as stock's Partial adds it
-        self.given = summed(self.local, self.group)
-        param.grad = None  # autograd then stores the whole sum as .grad, not added to the old
-        return self.given
+def _local_weights(module, swapped):
+    """While the module runs, each weight's local tensor sits in its place: the LayerNorm
+    computes on plain tensors, this rank's tokens with the whole weights."""
+    swapped.clear()
+    for attr, param in module._parameters.items():
+        if param is not WEIGHTS.get(module, {}).get(attr):
+            continue  # a wrapper took the weight over (dropin/sp_order.py)
+        swapped[attr] = param
+        # Why Partial: this rank's gradient of a weight sums its own tokens only, a part of
+        # the whole. Stock keeps it so, a DTensor whose sum over tp is made when it is read:
+        # by the optimizer, by clip_grad_norm_. Until then it is added to as it is (each
+        # microbatch's part). An optimizer that adds to the gradient first (SGD's or Adam's
+        # weight_decay, Nesterov's momentum) adds a share to each part, then sums: summing
+        # here, at each backward, would round otherwise (tests/test_mesh.py).
+        module._parameters[attr] = param.to_local(grad_placements=(Partial(),))
 
 
 class PrepareModuleInput:
