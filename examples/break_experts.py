@@ -1,4 +1,4 @@
-"""Break expert parallelism and see: minddp/ep/parallel.py with one piece wrong, against one process.
+"""Break expert parallelism and see: ep/parallel.py with one piece wrong, against one process.
 
     torchrun --nproc_per_node=2 examples/break_experts.py --break all     # each break in turn
     torchrun --nproc_per_node=2 examples/break_experts.py --break no-weights

@@ -1,4 +1,4 @@
-"""Break recomputation and see: minddp/memory/recompute.py's checkpoint beside stock's, one piece off.
+"""Break recomputation and see: memory/recompute.py's checkpoint beside stock's, one piece off.
 
     python examples/break_recompute.py --break all           # each break in turn
     python examples/break_recompute.py --break rng

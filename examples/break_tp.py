@@ -1,4 +1,4 @@
-"""Break tensor parallelism and see: minddp/tp/parallel.py with one piece done wrong, against stock's.
+"""Break tensor parallelism and see: tp/parallel.py with one piece done wrong, against stock's.
 
     torchrun --nproc_per_node=2 examples/break_tp.py --break all     # each break in turn
     torchrun --nproc_per_node=2 examples/break_tp.py --break bias-every-rank

@@ -6,8 +6,8 @@
 
 examples/manual_ddp.py with the wrapper replaced: layers.2 (30 -> 20) is split by columns of
 its output, layers.4 (20 -> 2) by rows, so each rank holds half of each at 2 ranks and one
-all_reduce per forward joins them (minddp/tp/parallel.py; docs/tp.md). Every rank trains on the whole
-batch, the same one: the sampler deals every rank all of the data. Gradient tables hold
+all_reduce per forward joins them (minddp/tp/parallel.py; docs/tp.md). Every rank trains on
+the whole batch, the same one: the sampler deals every rank all of the data. Gradient tables hold
 whole gradients, gathered from the slices.
 """
 

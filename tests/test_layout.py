@@ -169,6 +169,8 @@ def test_a_lesson_breathes(lesson):
     assert not semicolons, f"{lesson}.py: a semicolon on line {semicolons[0]}"
     wide = [n for n, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 95]
     assert len(wide) <= 5, f"{lesson}.py: {len(wide)} lines past 95 columns ({wide})"
+    too_wide = [n for n, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 100]
+    assert not too_wide, f"{lesson}.py: lines past 100 columns ({too_wide})"
 
 
 def test_the_fsdp_lesson_holds_no_drop_in_part():

@@ -42,7 +42,8 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from ..ddp.bucketed import BucketedDDP  # noqa: E402
-from ..elastic.resize import check_world, ordered_average, set_gradients, shard_gradients  # noqa: E402
+from ..elastic.resize import (check_world, ordered_average, set_gradients,  # noqa: E402
+                              shard_gradients)
 from . import SIZES  # noqa: E402
 from .harness import collect_rows, mlp, print_table  # noqa: E402
 
@@ -86,8 +87,8 @@ def elastic_size(size, args, rank, world_size, device):
     check_world(args.global_batch, world_size, args.virtual_shards)
     torch.manual_seed(0)
     base = mlp(*SIZES[size]).to(device)
-    models = {"stock DDP": DDP(copy.deepcopy(base)), "BucketedDDP": BucketedDDP(copy.deepcopy(base)),
-              "ordered": copy.deepcopy(base)}
+    models = {"stock DDP": DDP(copy.deepcopy(base)),
+              "BucketedDDP": BucketedDDP(copy.deepcopy(base)), "ordered": copy.deepcopy(base)}
     steps = {w: step_for(w, models[w], torch.optim.SGD(models[w].parameters(), lr=1e-3),
                          args.virtual_shards // world_size) for w in WAYS}
     g = torch.Generator().manual_seed(rank)

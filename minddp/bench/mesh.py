@@ -33,8 +33,9 @@ def parse(argv=None):
     args = parser.parse_args(argv)
     for world_size in args.world_sizes:
         if world_size not in MESHES:
-            parser.error(f"argument --world-sizes: meshes are listed for {' and '.join(map(str, MESHES))}"
-                         f" ranks, not {world_size}")
+            listed = " and ".join(map(str, MESHES))
+            parser.error(f"argument --world-sizes: meshes are listed for {listed} ranks,"
+                         f" not {world_size}")
     return check_outputs(args, "png")
 
 

@@ -12,9 +12,9 @@ scaled_dot_product_attention, a 4x MLP, residual dropout 0.1), fp32, on one proc
              included, its output not (found by tracking each op's outputs with a dispatch
              mode, then asking which are still alive: measured, not counted from a formula)
   formula    the same bytes from the block's ops (minddp memory's): none 72sbh + 16sb +
-             4asb (the Playbook's 34sbh + 5as^2b in its fp32 form, 66sbh + 9as^2b, with three differences:
-             dropout's mask is a float32 tensor on CPU, 4 bytes and not 1; flash attention
-             keeps no s^2 scores, only a logsumexp per row, 4asb; the LayerNorms' mean and
+             4asb (the Playbook's 34sbh + 5as^2b in its fp32 form, 66sbh + 9as^2b, with three
+             differences: dropout's mask is a float32 tensor on CPU, 4 bytes and not 1; flash
+             attention keeps no s^2 scores, only a logsumexp per row, 4asb; the LayerNorms' mean and
              rstd, 16sb, which the Playbook leaves out); full 4sbh (the input); selective
              44sbh + 4asb (the input and every matmul's and attention's output)
   cost       --blocks blocks of --width, a step (forward, backward) of each policy and

@@ -20,8 +20,8 @@ forward all_reduces twice (after the output projection and the MLP) and its back
 times (q, k and v each bring an input gradient to sum, and the MLP's first layer one); SP
 replaces each all_reduce by an all_gather and a reduce_scatter, in the same places; the
 LayerNorm gradients' sums over the ranks are DTensor's (Partial until the optimizer reads
-them, as stock's: tp/sequence_parallel.py), not counted. Step times: medians of rounds in a shuffled order, as
-ratios to stock's TP in the same run.
+them, as stock's: tp/sequence_parallel.py), not counted. Step times: medians of rounds in a
+shuffled order, as ratios to stock's TP in the same run.
 """
 
 from . import HEADS, bench_parser, check_outputs

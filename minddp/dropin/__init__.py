@@ -1,8 +1,8 @@
 """The drop-ins: stock PyTorch's whole contract on top of the lessons, for real training code.
 
 For engineers who want to run their own script on minddp with one import swapped. The
-lessons (ddp/naive.py, ddp/bucketed.py, fsdp/shard.py) teach one idea each; these classes add, on top and
-without changing the lessons' arithmetic, everything stock's API promises besides:
+lessons (ddp/naive.py, ddp/bucketed.py, fsdp/shard.py) teach one idea each; these classes
+add, on top and without changing the lessons' arithmetic, everything stock's API promises besides:
     ddp.py            ManualDDP: stock DDP's constructor and knobs on BucketedDDP
     checks.py         stock DDP's argument checks and refusals, message for message
     bucket_extras.py  sparse gradients, bucket views, the GradBucket a comm hook receives

@@ -37,7 +37,7 @@ class ManualDDP(StaticGraphDDP, BucketedDDP, JoinableDDP):
       register_comm_hook(state, hook)  reduce each bucket your own way (comm_hooks.py)
       sparse gradients (nn.Embedding(sparse=True))  each in a bucket of its own, sent sparse
       device_ids / output_device  checked as stock checks them; inputs moved to device_ids[0]
-      device_mesh      a 1-D mesh (mesh["dp"] of a larger one, mesh/device_mesh.py): its group, as stock
+      device_mesh      a 1-D mesh (mesh["dp"] of a larger one): its group, as stock
       init_sync=False  no broadcast at construction;  join()  uneven inputs (join.py)
       static_graph     the buckets rebuilt a step later, as stock's (static_graph.py)
       dim, check_reduction  accepted: they steer nothing minddp does (check_reduction warns)
@@ -68,7 +68,7 @@ class ManualDDP(StaticGraphDDP, BucketedDDP, JoinableDDP):
         # by _pack_buckets, which BucketedDDP's constructor calls.
         trained = [p for p in module.parameters() if p.requires_grad]
         self._sparse = {i for i, p in enumerate(trained) if expects_sparse_gradient(module, p)}
-        # device_mesh: a 1-D mesh, the dp slice of a larger one (mesh/device_mesh.py); its group is ours
+        # device_mesh: a 1-D mesh, the dp slice of a larger one (mesh/device_mesh.py): our group
         process_group = group_of(process_group, device_mesh)
         sum_each_backward(module)  # sequence parallel's LayerNorms sum over tp as under stock's
         super().__init__(module, check_stock_arguments(module, device_ids, output_device),

@@ -1,6 +1,6 @@
 """Which backend and device a rank uses: the portability rules in one place.
 
-    python -c "from minddp.launch.backends import *; print(choose_backend('auto', 'auto', 0,2,2,0,0,0))"
+    pytest tests/test_launch.py      # every rule, on fake machines (choose_backend is pure)
 
 The lesson's script hard-codes nccl and `cuda:rank`, which runs on a Linux box with one
 GPU per process and nowhere else. The rules below pick what each machine can run:

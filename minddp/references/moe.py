@@ -1,4 +1,4 @@
-"""One process on the whole batch: the reference expert parallelism (ep/parallel.py) is compared with.
+"""One process on the whole batch: what expert parallelism (ep/parallel.py) is compared with.
 
     torchrun --nproc_per_node=2 examples/experts.py --ep reference --grad-table runs/ep-ref.txt
     pytest tests/test_experts.py
@@ -6,7 +6,8 @@
 one_process_moe(): W ranks' batches through one MoE layer in one process. Each rank's tokens
 are routed by that rank's router (a replica: its gradient is that rank's alone) with that
 rank's capacity; then each expert runs ONCE per ep group, on the rows the group's ranks
-route to it in the order (rank, token): the order in which ep/parallel.py's all_to_all delivers them.
+route to it in the order (rank, token): the order in which ep/parallel.py's all_to_all
+delivers them.
 So an expert's output and gradient are one matmul over the same rows as on its rank.
 
 OneProcessMoEGPT: the small MoE GPT (bench/transformer.py's moe_gpt) trained that way, a

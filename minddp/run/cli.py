@@ -83,8 +83,8 @@ def lesson_parser(doc, timeline=False, accumulate=False, restart=False, fsdp=Fal
                   tp=False, pp=False, elastic=False):
     """An ArgumentParser with the examples' flags; parse it with parse_checked().
 
-    timeline, accumulate, restart, fsdp, zero, tp, pp, elastic: add the flags of the examples with those
-    features (fsdp.py, tp.py and pipeline.py have no --check-replicas: their ranks hold
+    timeline, accumulate, restart, fsdp, zero, tp, pp, elastic: add the flags of the examples
+    with those features (fsdp.py, tp.py and pipeline.py have no --check-replicas: their ranks hold
     different slices).
     """
     parser = ArgumentParser(description=doc.split("\n\n")[0],

@@ -25,7 +25,8 @@ import threading
 import time
 import traceback
 
-from ..launch.usage_error import UsageError  # the lessons' one error type; this file turns it into an exit
+# The lessons' one error type; this file turns it into an exit.
+from ..launch.usage_error import UsageError
 
 # Every exit status minddp's scripts give, in one place:
 EXIT_FAILURE = 1  # a collective that failed, or any other error while a group lives

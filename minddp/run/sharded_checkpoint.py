@@ -14,7 +14,8 @@ ZeRO-1 rank's optimizer state), where each saved block sits; loading at another 
 size reads each rank's new rows from whichever files hold them (elastic.reshard_plan).
 The model and optimizer go through stock's get_state_dict/set_state_dict, so the same
 code saves DDP (replicated: written once), ZeRO-1 and FSDP, minddp's or stock's, and a
-checkpoint opens with stock tools (`dcp.load`, `python -m torch.distributed.checkpoint.format_utils`).
+checkpoint opens with stock tools (`dcp.load`,
+`python -m torch.distributed.checkpoint.format_utils`).
 
 Complete or absent: every rank writes into DIR/.step-000012.partial/; once all have
 written (dcp.save returns), rank 0 renames it to step-000012 and then replaces `latest`,

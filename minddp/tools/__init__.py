@@ -14,5 +14,6 @@ For anyone checking a lesson's claim ("bit for bit equal to stock") or looking i
     course.py         `minddp lessons`: the reading order, each file's size and idea
     memory.py         `minddp memory`: what one rank will hold, line by line, with formulas
 They reach the lessons only from outside (hooks registered after the wrapper's, and the calls
-a lesson names for it: tp/plan.py's sliced, fsdp/param.py's unit_of), so recording changes no number.
+a lesson names for it: tp/plan.py's sliced, fsdp/param.py's unit_of), so recording changes no
+number.
 """

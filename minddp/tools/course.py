@@ -63,7 +63,8 @@ def chapters(root=ROOT):
 
 
 ORDER = [path for _, paths in chapters() for path in paths]
-BEGIN, END = "<!-- the reading order: made by `minddp lessons` -->", "<!-- end of the reading order -->"
+BEGIN = "<!-- the reading order: made by `minddp lessons` -->"
+END = "<!-- end of the reading order -->"
 
 
 def table(root=ROOT):
@@ -71,7 +72,8 @@ def table(root=ROOT):
     through."""
     rows, number = [], 0
     for heading, paths in chapters(root):
-        rows += ["", f"#### {heading}", "", "| # | file | lines | idea |", "| --- | --- | --- | --- |"]
+        rows += ["", f"#### {heading}", "", "| # | file | lines | idea |",
+                 "| --- | --- | --- | --- |"]
         for path in paths:
             number += 1
             text = (root / path).read_text()

@@ -144,15 +144,15 @@ def _whole_gradients(module, named):
         whole = full_gradients(module)  # each shard's dp blocks gathered: a TP slice, or all
     else:  # stock's DTensors (fully_shard, parallelize_module): full_tensor() gathers one
         whole = {name: _stock_whole(p) for name, p in named.items()}
-    # minddp's tensor-parallel slices (tp/parallel.py) are gathered along the dimension they were cut.
+    # minddp's tensor-parallel slices (tp/parallel.py), gathered along the dimension they were cut.
     whole = {name: _gather_slices(g, *cuts[name]) if name in cuts and g is not None else g
              for name, g in whole.items()}
     return whole
 
 
 def _expert_gradients(module):
-    """{name: gradient} of every expert of expert-parallel layers (ep/parallel.py), each gathered from
-    the ep rank that holds it: a collective. NaN where an expert had no gradient."""
+    """{name: gradient} of every expert of expert-parallel layers (ep/parallel.py), each
+    gathered from the ep rank that holds it: a collective. NaN where an expert had no gradient."""
     ep = sys.modules.get("minddp.ep.parallel")
     if ep is None:
         return {}

@@ -215,8 +215,8 @@ def draw_memory(rows, path, machine, bars=None, legend=None, title=None, caption
     ax.set_xticks(ticks, labels, fontsize=6.5)
     ax.set_xlim(-0.6, x + 0.6)  # room for the last mark's label
     ax.set_ylabel("MB per rank (largest rank)")
-    ax.set_title(title or f"What each rank holds: {rows[0]['model']} MLP, AdamW (minddp's and stock's side"
-                          f" by side)", fontsize=10, loc="left")
+    ax.set_title(title or f"What each rank holds: {rows[0]['model']} MLP, AdamW (minddp's and"
+                          f" stock's side by side)", fontsize=10, loc="left")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[s]) for s in SEGMENTS]
     names = legend or ["parameters (P)", "gradients (G)", "optimizer state (O)",
                        "whole weights gathered (peak)"]

@@ -7,7 +7,8 @@ Megatron's two, around the column and row splits (parallel.py):
                   rank's input gradient holds only its slice's part)
   sum_over_ranks  forward: all_reduce   backward: identity    (after a row split)
 and the row split's bias, added as stock adds it (its share on each rank, before the sum).
-Sequence parallelism (sequence_parallel.py) trades the pair for two along the sequence, the same bytes:
+Sequence parallelism (sequence_parallel.py) trades the pair for two along the sequence, the
+same bytes:
   gather_sequence   forward: all_gather   backward: reduce_scatter  (before column splits)
   scatter_sequence  forward: reduce_scatter   backward: all_gather  (after a row split)
 """

@@ -41,7 +41,8 @@ class ColwiseParallel:
     def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output=True):
         refuse_layouts("ColwiseParallel", output_layouts=output_layouts, wanted="Shard(-1)",
                        use_local_output=use_local_output)
-        self.sequence_dim = sequence_dim(input_layouts)  # Shard(1): a sequence slice (sequence_parallel.py)
+        # Shard(1): a slice of the sequence comes in (sequence_parallel.py)
+        self.sequence_dim = sequence_dim(input_layouts)
 
     def check(self, name, module, parent, world_size):
         check_split(name, module, parent, 0, world_size)
@@ -71,7 +72,8 @@ class RowwiseParallel:
     def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output=True):
         refuse_layouts("RowwiseParallel", input_layouts=input_layouts, wanted="Shard(-1)",
                        use_local_output=use_local_output)
-        self.sequence_dim = sequence_dim(output_layouts)  # Shard(1): a reduce_scatter (sequence_parallel.py)
+        # Shard(1): a reduce_scatter along the sequence (sequence_parallel.py)
+        self.sequence_dim = sequence_dim(output_layouts)
 
     def check(self, name, module, parent, world_size):
         check_split(name, module, parent, 1, world_size)
@@ -116,8 +118,8 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, src_d
     check_plan(module, plan, group)  # a wrong plan: refused before any collective
     modules = dict(module.named_modules())
     for name, style in plan.items():
-        # A column split inside a module whose inputs sequence_parallel.py's PrepareModuleInput gathers may
-        # take its input from that gather: the plan says where (region_of); a forward then
-        # asks the gather whether this very input was made from it (region.gave).
+        # A column split inside a module whose inputs sequence_parallel.py's PrepareModuleInput
+        # gathers may take its input from that gather: the plan says where (region_of); a
+        # forward then asks the gather whether this very input was made from it (region.gave).
         style.apply(name, modules[name], group, src_data_rank, region_of(name, plan))
     return module

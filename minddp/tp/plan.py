@@ -59,7 +59,8 @@ def check_plan(module, plan, group):
     if hasattr(module, "require_backward_grad_sync") or any(map(sharded, modules.values())):
         raise UsageError("parallelize_module on a model already wrapped for data parallelism"
                          " (DDP or fully_shard)", same_on_every_rank=True,
-                         hint="split the plain model: parallel.py takes one group of ranks, no 2-D mesh")
+                         hint="split the plain model: parallel.py takes one group of ranks,"
+                              " no 2-D mesh")
     for name, style in plan.items():
         parent = modules.get(name.rpartition(".")[0]) if name else None
         style.check(name, modules[name], parent, dist.get_world_size(group))

@@ -1,4 +1,4 @@
-"""ZeRO-1's state dict (optimizer.py): the shards' optimizer state as one plain optimizer's, and back.
+"""ZeRO-1's state dict (optimizer.py): the shards' optimizer state as one optimizer's, and back.
 
     pytest tests/test_zero.py -k state        # consolidate and resume, bit for bit
 
