@@ -7,22 +7,30 @@ over 2^-20 .. 2^20 so that another order of additions shows in the bits, in floa
 bfloat16 and float64, at sizes that divide into the ranks and sizes that do not:
 - gloo's order: probe values for which each order gives other bits show that gloo's
   all_reduce sums block b (its blocks: all_reduce.gloo_blocks, small and large tensors) as
-  x_b + (x_{b+1} + (... + x_{b-1})); its reduce and reduce_scatter_tensor sum as it does.
+  x_b + (x_{b+1} + (... + x_{b-1})); its reduce_scatter_tensor sums as it does, its reduce
+  too up to 2W MiB, and past it on blocks of whole MiB (ring_reduce.gloo_reduce_blocks):
+  gloo's reduce bit for bit there too, on dst.
 - every collective `torch.equal` to gloo's on every rank: all_reduce (SUM, AVG, PRODUCT,
   MIN, MAX), broadcast (tree, chain), reduce, all_gather (both forms), reduce_scatter_tensor
   (where gloo's blocks are the pieces: an even size per rank), all_to_all (both forms);
-  on the world and on a group without global rank 0; async_op's Work too.
+  on the world and on a group without global rank 0; async_op's Work too; a Parameter
+  under no_grad (or not), a tensor made in inference_mode; transposed views in place and
+  the inputs and outputs of other layouts stock's gloo takes right, in the caller's view.
 - the tree and halving-doubling: `torch.equal` to the same additions made in one process in
   their order, and within the textbook bound of gloo's (how far: docs/collectives.md);
   reduce_scatter where gloo's blocks are not the pieces, and the list form: the ring's order.
 - bytes each rank sends = cost.sent_bytes, counted at dist.batch_isend_irecv.
-- the refusals: one line, on every rank alike.
+- the refusals: one line, on every rank alike; AVG on integers before a byte leaves; the
+  layouts stock's gloo gets wrong, with the reason.
 - NaiveDDP and BucketedDDP on chapter 0's all_reduce: stock DDP's gradients bit for bit;
   examples/manual_ddp.py --collectives minddp: its table IDENTICAL to stock's at 3 ranks;
   examples/break_collectives.py: each break named, the hang at --timeout.
 """
 
+import contextlib
+import math
 import re
+from functools import partial
 
 import pytest
 import torch
@@ -77,6 +85,16 @@ def gloo_layout(n, element_size, size):
     return [(min(n, b * per_block), min(n, (b + 1) * per_block)) for b in range(size)]
 
 
+def gloo_reduce_layout(n, element_size, size):
+    """gloo's reduce blocks, from docs/collectives.md's formula: segments of ceil(n / 2W)
+    elements, at most 1 MiB, S/W of them a rank (the all_reduce's S)."""
+    segment = min(-(-n // (2 * size)), 2 ** 20 // element_size)
+    segments = max(-(-n * element_size // 2 ** 20), 2 * size)
+    segments = -(-segments // size) * size
+    per_block = segment * (segments // size)
+    return [(min(n, b * per_block), min(n, (b + 1) * per_block)) for b in range(size)]
+
+
 def tree_order(xs):
     """Pairwise, neighbours first: (x0 + x1) + (x2 + x3), in one process."""
     partial, step = [x.clone() for x in xs], 1
@@ -98,23 +116,32 @@ def halving_doubling_order(xs):
 # ---- gloo's order, found with probe values -------------------------------------------------
 
 def _probe(rank, world_size):
-    """{n: (gloo's result equals the ring order on gloo's blocks, and no other rotation's,
-    at every element; ours equals gloo's)} for small and large n (float32)."""
+    """{n: {what: verdict}} for small and large n (float32): gloo's all_reduce equals the ring
+    order on gloo_layout's blocks, and no other rotation's, at every element; its reduce the
+    ring order on gloo_reduce_layout's (other blocks past 2W MiB); ours equal to gloo's."""
     found = {}
+    last = world_size - 1
     for n in (7, 10, 2 ** 21 + 5):  # the last: 8 MiB, more than two 1 MiB segments a rank
         x = torch.full((n,), PROBES[world_size][rank])
         theirs, ours = x.clone(), x.clone()
         dist.all_reduce(theirs)
         mine.all_reduce(ours)
+        reduced, ours_reduced = x.clone(), x.clone()
+        dist.reduce(reduced, dst=last)
+        mine.reduce(ours_reduced, dst=last)
         xs = _gathered(x)
         blocks = gloo_layout(n, 4, world_size)
-        expected = ring_order(xs, blocks)
         other = [ring_order(xs, [(0, n) if b == k else (0, 0) for b in range(world_size)])
                  for k in range(world_size)]  # every element summed as block k
-        alone = all(not torch.equal(other[k][:1], other[j][:1])
-                    for k in range(world_size) for j in range(k))
-        found[n] = (alone, torch.equal(theirs, expected), torch.equal(ours, theirs),
-                    [(start, end) for start, end in blocks])
+        found[n] = {"alone": all(not torch.equal(other[k][:1], other[j][:1])
+                                 for k in range(world_size) for j in range(k)),
+                    "all_reduce": torch.equal(theirs, ring_order(xs, blocks)),
+                    "ours": torch.equal(ours, theirs), "blocks": blocks}
+        if rank == last:
+            found[n]["reduce"] = torch.equal(
+                reduced, ring_order(xs, gloo_reduce_layout(n, 4, world_size)))
+            found[n]["ours reduced"] = torch.equal(ours_reduced, reduced)
+            found[n]["reduce's blocks are not all_reduce's"] = not torch.equal(reduced, theirs)
     return found
 
 
@@ -124,10 +151,13 @@ share_spawn(_probe, [3, 4])
 @pytest.mark.parametrize("world_size", [3, 4])
 def test_gloo_sums_each_block_in_ring_order_and_ours_does_too(world_size):
     for rank, found in enumerate(shared_results(_probe, world_size)):
-        for n, (alone, gloos, ours, blocks) in found.items():
-            assert alone, "the probe values must tell every rotation apart"
-            assert gloos, (rank, n, blocks)
-            assert ours, (rank, n)
+        for n, seen in found.items():
+            assert seen["alone"], "the probe values must tell every rotation apart"
+            assert seen["all_reduce"] and seen["ours"], (rank, n, seen)
+            if rank == world_size - 1:  # dst: gloo's reduce cuts whole 1 MiB segments
+                assert seen["reduce"] and seen["ours reduced"], (rank, n, seen)
+                past = n * 4 > 2 * world_size * 2 ** 20
+                assert seen["reduce's blocks are not all_reduce's"] == past, (rank, n, seen)
 
 
 def test_gloo_blocks_are_the_documented_layout():
@@ -139,6 +169,18 @@ def test_gloo_blocks_are_the_documented_layout():
     for n, size in [(7, 3), (10, 4), (1001, 8), (2 ** 21 + 5, 3), (3 * 2 ** 20, 4)]:
         got = gloo_blocks(torch.zeros(n, dtype=torch.bfloat16), size)
         assert [len(b) for b in got] == [e - s for s, e in gloo_layout(n, 2, size)]
+    # reduce: 6 MiB + 4 bytes on 3 ranks: 9 segments of 1 MiB (262144 float32), 3 a rank.
+    from minddp.collectives.ring_reduce import gloo_reduce_blocks
+    assert [len(b) for b in gloo_reduce_blocks(torch.zeros(6 * 2 ** 18 + 1), 3)] == [
+        786432, 786432, 1]
+    assert [len(b) for b in gloo_reduce_blocks(torch.zeros(7), 3)] == [4, 3, 0]
+    for n, size, dtype in [(7, 3, torch.float32), (2, 5, torch.float32),
+                           (6 * 2 ** 18, 3, torch.float32), (6 * 2 ** 18 + 1, 3, torch.float32),
+                           (2 ** 22 + 3, 4, torch.bfloat16), (5 * 2 ** 19 + 1, 5, torch.float32),
+                           (5 * 2 ** 20 + 1, 3, torch.float16), (2 ** 20 + 1, 2, torch.float64)]:
+        got = gloo_reduce_blocks(torch.empty(n, dtype=dtype), size)
+        layout = gloo_reduce_layout(n, torch.empty(0, dtype=dtype).element_size(), size)
+        assert [len(b) for b in got] == [e - s for s, e in layout], (n, size, dtype)
 
 
 def _gloos_orders(rank, world_size):
@@ -175,8 +217,8 @@ share_spawn(_gloos_orders, [3, 4])
 
 @pytest.mark.parametrize("world_size", [3, 4])
 def test_gloos_reductions_all_sum_in_its_all_reduces_order(world_size):
-    # reduce and reduce_scatter_tensor: as its all_reduce of the whole tensor; reduce_scatter
-    # of a list: as an all_reduce of each piece alone; AVG: the sum, then / W.
+    # reduce (below 2W MiB) and reduce_scatter_tensor: as its all_reduce of the whole tensor;
+    # reduce_scatter of a list: as an all_reduce of each piece alone; AVG: the sum, then / W.
     for rank, found in enumerate(shared_results(_gloos_orders, world_size)):
         assert all(found.values()), (rank, {k: v for k, v in found.items() if not v})
 
@@ -290,6 +332,47 @@ def test_every_collective_is_bitwise_gloos_on_a_group_without_rank_0(world_size)
     per_rank = shared_results(_against_gloo, world_size, key="subgroup")
     assert per_rank[0] == {}
     _check_all_equal(per_rank[1:], EVERY)
+
+
+def _reduce_past_two_mib_a_rank(rank, world_size):
+    """{case: verdicts on dst} for reduce just past 2W MiB, where gloo's reduce cuts other
+    blocks than its all_reduce: 3 ranks float32 (+ 1 element), 4 ranks bfloat16 (+ 3) and,
+    at 4, float16 on the group without global rank 0 (+ 1); dst not group rank 0."""
+    cases = {3: [(6 * 2 ** 18 + 1, torch.float32, None, 1)],
+             4: [(2 ** 22 + 3, torch.bfloat16, None, 1),
+                 (3 * 2 ** 20 + 1, torch.float16, [1, 2, 3], 3)]}[world_size]
+    found = {}
+    for n, dtype, ranks, dst in cases:
+        group = dist.new_group(ranks) if ranks else None
+        if ranks and rank not in ranks:
+            continue
+        x = _values(rank, n, torch.float64, seed=6)
+        x = (x * 2.0 ** -8 if dtype == torch.float16 else x).to(dtype)  # (float16: no inf)
+        theirs, ours, summed = x.clone(), x.clone(), x.clone()
+        dist.reduce(theirs, dst=dst, group=group)
+        mine.reduce(ours, dst=dst, group=group)
+        dist.all_reduce(summed, group=group)
+        case = (n, str(dtype), str(ranks))
+        if rank == dst:
+            found[case] = {"bitwise gloo's": torch.equal(ours, theirs),
+                           "unlike gloo's all_reduce": not torch.equal(theirs, summed)}
+        else:
+            found[case] = {"left as it was": torch.equal(ours, x)}
+    return found
+
+
+share_spawn(_reduce_past_two_mib_a_rank, [3, 4])
+
+
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_reduce_past_2w_mib_is_bitwise_gloos(world_size):
+    # gloo's reduce (gloo/reduce.cc) cuts segments of at most 1 MiB, its all_reduce shares
+    # the tensor out evenly over the segments: past 2W MiB the blocks, and the bits, differ.
+    per_rank = shared_results(_reduce_past_two_mib_a_rank, world_size)
+    assert sum(len(found) for found in per_rank) == (3 if world_size == 3 else 7)
+    for rank, found in enumerate(per_rank):
+        for case, verdicts in found.items():
+            assert all(verdicts.values()), (rank, case, verdicts)
 
 
 # ---- orders of their own: the tree, halving-doubling, reduce_scatter's pieces ---------------
@@ -414,7 +497,7 @@ def _refusals(rank, world_size):
     calls = [
         ("premul", lambda: mine.all_reduce(x, op=dist._make_nccl_premul_sum(2.0))),
         ("band", lambda: mine.all_reduce(x, op=dist.ReduceOp.BAND)),
-        ("strided", lambda: mine.all_reduce(torch.ones(4, 3).t())),
+        ("strided", lambda: mine.all_reduce(torch.ones(4, 3)[:, :2])),
         ("list", lambda: mine.all_gather([torch.empty(6)] * (world_size + 1), x)),
         ("sizes", lambda: mine.reduce_scatter_tensor(torch.empty(4), x)),
         ("shapes", lambda: mine.all_reduce(torch.ones(3 + rank))),
@@ -435,7 +518,7 @@ def test_mistakes_are_refused_in_one_line_on_every_rank(world_size):
     for rank, said in enumerate(per_rank):
         assert "ReduceOp.PREMUL_SUM" in said["premul"] and "gloo has none" in said["premul"]
         assert "ReduceOp.BAND" in said["band"] and "integer" in said["band"]
-        assert "not contiguous" in said["strided"]
+        assert "not one dense block of memory (strides (3, 1))" in said["strided"]
         assert f"{world_size + 1} output tensors, expected {world_size}" in said["list"]
         assert "input elements (W times the output's)" in said["sizes"]
         assert said["shapes"] == ("all_reduce: the ranks' tensors differ: group rank 0 has"
@@ -450,6 +533,254 @@ def test_mistakes_are_refused_in_one_line_on_every_rank(world_size):
                 assert "global rank 0 is not in the group (its global ranks: [1, 2])" \
                     in said["src"]
         assert all("\n" not in text for text in said.values() if text)
+
+
+def _avg_on_integers(rank, world_size):
+    """{call: (what it raised, on this rank, or None; bytes it sent; its tensor unchanged)}
+    for ReduceOp.AVG on integer and bool tensors, then whether SUM on one still works."""
+    def ints(n, dtype=torch.int64):
+        return torch.arange(n, dtype=dtype) + rank
+
+    out = torch.zeros(2, dtype=torch.int64)
+    calls = {
+        "all_reduce int64": (ints(6), lambda t: mine.all_reduce(t, op=AVG)),
+        "all_reduce bool": (ints(6) > 2, lambda t: mine.all_reduce(t, op=AVG)),
+        "reduce int32 onto rank 0": (ints(6, torch.int32),
+                                     lambda t: mine.reduce(t, dst=0, op=AVG)),
+        "reduce uint8 onto rank 2": (ints(6, torch.uint8),
+                                     lambda t: mine.reduce(t, dst=2, op=AVG)),
+        "reduce_scatter_tensor int64": (ints(2 * world_size),
+                                        lambda t: mine.reduce_scatter_tensor(out, t, op=AVG)),
+        "reduce_scatter int16": (ints(2, torch.int16), lambda t: mine.reduce_scatter(
+            t, [t.clone() for _ in range(world_size)], op=AVG)),
+        "tree_all_reduce int64": (ints(6), lambda t: mine.tree_all_reduce(t, op=AVG)),
+        "halving_doubling int64": (ints(6), lambda t: mine.halving_doubling_all_reduce(
+            t, op=AVG)),
+    }
+    found = {}
+    for name, (tensor, call) in calls.items():
+        before, sent, said = tensor.clone(), [0], None
+        try:
+            with counting_sent(sent):
+                call(tensor)
+        except Exception as error:  # what stock raises too: a RuntimeError
+            said = f"{type(error).__name__}: {error}"
+        found[name] = (said, sent[0], torch.equal(tensor, before))
+    summed, theirs = ints(6), ints(6)
+    mine.all_reduce(summed)
+    dist.all_reduce(theirs)
+    found["SUM after"] = torch.equal(summed, theirs)
+    return found
+
+
+share_spawn(_avg_on_integers, [3])
+
+
+def test_avg_on_integers_is_refused_on_every_rank_before_a_byte_leaves():
+    # Stock sums, then fails to divide: a RuntimeError on every rank, the tensor left summed.
+    for rank, found in enumerate(shared_results(_avg_on_integers, 3)):
+        assert found.pop("SUM after") is True
+        assert len(found) == 8
+        for name, (said, sent, unchanged) in found.items():
+            dtype = name.split()[-1] if "onto" not in name else name.split()[1]
+            assert said and said.startswith("UsageError: ") and "\n" not in said, (rank, name, said)
+            assert f"op=ReduceOp.AVG on a torch.{dtype} tensor" in said, (rank, name, said)
+            assert (sent, unchanged) == (0, True), (rank, name, sent, unchanged)
+
+
+def _stock_all_to_all(outputs, inputs):
+    """dist.all_to_all; gloo has none before torch 2.13: the same copies, as one tensor."""
+    if torch.__version__ >= "2.13":
+        dist.all_to_all(outputs, inputs)
+        return
+    whole = torch.empty(sum(t.numel() for t in outputs))
+    dist.all_to_all_single(whole, torch.cat([t.reshape(-1) for t in inputs]))
+    for out, piece in zip(outputs, whole.split([t.numel() for t in outputs])):
+        out.copy_(piece.view(out.shape))
+
+
+def _layouts(rank, world_size):
+    """{case: [verdicts]} for the layouts stock's gloo takes and gets right: ours torch.equal
+    to stock's same call, written into the caller's view, the elements beside it untouched;
+    and {case: the refusal} for those stock gets wrong or crashes on (not called on stock)."""
+    size = world_size
+
+    def made(layout, shape, seed):
+        """A tensor of `shape` (2-D), this rank's values, laid out as `layout` says."""
+        n = math.prod(shape)
+        x = _values(rank, 2 * n, torch.float32, seed=seed)
+        return {"transposed": lambda: x[:n].view(shape[::-1]).t(),
+                "strided": lambda: x[::2].view(shape),  # every other element
+                "expanded": lambda: x[:1].expand(shape),  # one element, n times
+                "contiguous": lambda: x[:n].view(shape)}[layout]()
+
+    def output(layout, shape):
+        """An empty output of `shape`, laid out as `layout` says; strided: its storage's other
+        elements hold -7 (untouched() checks them)."""
+        return {"transposed": lambda: torch.empty(shape[::-1]).t(),
+                "strided": lambda: torch.full((2 * math.prod(shape),), -7.0)[::2].view(shape),
+                "expanded": lambda: torch.empty(1).expand(shape)}[layout]()
+
+    def untouched(layout, tensors):
+        return layout != "strided" or all(torch.equal(t._base[1::2], torch.full_like(
+            t._base[1::2], -7.0)) for t in tensors)
+
+    same = {}
+    shape = (4, 5)
+    dense = {"transposed": (_values(rank, 60, torch.float32, seed=9).view(10, 6),
+                            lambda base: base.t()),
+             "permuted": (_values(rank, 60, torch.float32, seed=9).view(3, 4, 5),
+                          lambda base: base.permute(2, 0, 1))}
+    for layout, (base, view) in dense.items():  # in place: dense, only not in row order
+        for name, call in (("all_reduce", lambda lib, t: lib.all_reduce(t)),
+                           ("all_reduce AVG", lambda lib, t: lib.all_reduce(t, op=AVG)),
+                           ("reduce", lambda lib, t: lib.reduce(t, dst=1)),
+                           ("broadcast", lambda lib, t: lib.broadcast(t, src=2))):
+            theirs, ours = view(base.clone()), view(base.clone())
+            pointer, strides = ours.data_ptr(), ours.stride()
+            call(dist, theirs)
+            call(mine, ours)
+            if name != "reduce" or rank == 1:
+                same[f"{name} of a {layout} view"] = [
+                    torch.equal(ours, theirs), ours.data_ptr() == pointer,
+                    ours.stride() == strides]
+        logical, in_memory = view(base).contiguous(), base.clone()
+        dist.all_reduce(logical)
+        dist.all_reduce(in_memory)
+        same[f"gloo's all_reduce sums a {layout} view in memory order"] = [
+            not torch.equal(logical, view(in_memory).contiguous())]  # (the cut shows)
+        for name, call in (("tree_all_reduce", mine.tree_all_reduce),
+                           ("halving_doubling", mine.halving_doubling_all_reduce),
+                           ("chain_broadcast", mine.chain_broadcast)):
+            ours, in_memory = view(base.clone()), base.clone()
+            call(ours)
+            call(in_memory)  # the same memory, as a contiguous tensor: in its own order
+            same[f"{name} of a {layout} view"] = [torch.equal(ours, view(in_memory))]
+    for layout in ("transposed", "strided", "expanded"):  # inputs: read, never written
+        x = made(layout, shape, 10)
+        theirs, ours = [torch.empty(shape) for _ in range(size)], [torch.empty(shape)
+                                                                   for _ in range(size)]
+        dist.all_gather(theirs, x)
+        mine.all_gather(ours, x)
+        same[f"all_gather of {layout} input"] = [all(map(torch.equal, ours, theirs))]
+        theirs, ours = torch.empty(size * 4, 5), torch.empty(size * 4, 5)
+        dist.all_gather_into_tensor(theirs, x)
+        mine.all_gather_into_tensor(ours, x)
+        same[f"all_gather_into_tensor of {layout} input"] = [torch.equal(ours, theirs)]
+        pieces = [made(layout, shape, 20 + r) for r in range(size)]
+        theirs, ours = [torch.empty(shape) for _ in range(size)], [torch.empty(shape)
+                                                                   for _ in range(size)]
+        _stock_all_to_all(theirs, pieces)
+        mine.all_to_all(ours, pieces)
+        same[f"all_to_all of {layout} inputs"] = [all(map(torch.equal, ours, theirs))]
+        whole = made(layout, (size * 4, 5), 11)
+        theirs, ours, row_order = torch.empty(shape), torch.empty(shape), torch.empty(shape)
+        dist.reduce_scatter_tensor(theirs, whole)
+        mine.reduce_scatter_tensor(ours, whole)
+        mine.reduce_scatter_tensor(row_order, whole.contiguous())
+        # ours sums any input in its rows' order, round the ring: gloo's bits where its
+        # blocks are the pieces, as here, but for a transposed input (it sums memory order)
+        same[f"reduce_scatter_tensor of {layout} input"] = [torch.equal(ours, row_order)]
+        if layout != "transposed":
+            same[f"reduce_scatter_tensor of {layout} input"].append(torch.equal(ours, theirs))
+        if layout != "transposed":  # a list: gloo sums a piece as its all_reduce of it, ours
+            # round the ring (each order proved above); each as on contiguous pieces here
+            got = [torch.empty(shape) for _ in range(4)]
+            dist.reduce_scatter(got[0], pieces)
+            dist.reduce_scatter(got[1], [piece.contiguous() for piece in pieces])
+            mine.reduce_scatter(got[2], pieces)
+            mine.reduce_scatter(got[3], [piece.contiguous() for piece in pieces])
+            same[f"reduce_scatter of {layout} inputs"] = [torch.equal(got[0], got[1]),
+                                                          torch.equal(got[2], got[3])]
+    for layout in ("transposed", "strided"):  # outputs: written where they lie
+        x = made("contiguous", shape, 12)
+        pieces = [made("contiguous", shape, 30 + r) for r in range(size)]
+        theirs, ours = [torch.empty(shape) for _ in range(size)], [output(layout, shape)
+                                                                   for _ in range(size)]
+        dist.all_gather(theirs, x)
+        mine.all_gather(ours, x)
+        same[f"all_gather into {layout} outputs"] = [all(map(torch.equal, ours, theirs)),
+                                                     untouched(layout, ours)]
+        theirs, ours = torch.empty(size * 4, 5), output(layout, (size * 4, 5))
+        dist.all_gather_into_tensor(theirs, x)
+        mine.all_gather_into_tensor(ours, x)
+        same[f"all_gather_into_tensor into a {layout} output"] = [torch.equal(ours, theirs),
+                                                                  untouched(layout, [ours])]
+        theirs, ours = [torch.empty(shape) for _ in range(size)], [output(layout, shape)
+                                                                   for _ in range(size)]
+        _stock_all_to_all(theirs, pieces)
+        mine.all_to_all(ours, pieces)
+        same[f"all_to_all into {layout} outputs"] = [all(map(torch.equal, ours, theirs)),
+                                                     untouched(layout, ours)]
+        whole = made("contiguous", (size * 4, 5), 13)
+        theirs, ours = torch.empty(shape), output(layout, shape)
+        dist.reduce_scatter_tensor(theirs, whole)
+        mine.reduce_scatter_tensor(ours, whole)
+        same[f"reduce_scatter_tensor into a {layout} output"] = [torch.equal(ours, theirs),
+                                                                 untouched(layout, [ours])]
+    refusals = []
+    for layout in ("strided", "expanded"):
+        x = made(layout, shape, 14)
+        refusals += [(f"all_reduce of {layout} view", lambda x=x: mine.all_reduce(x)),
+                     (f"reduce of {layout} view", lambda x=x: mine.reduce(x, dst=1)),
+                     (f"broadcast of {layout} view", lambda x=x: mine.broadcast(x)),
+                     (f"tree_all_reduce of {layout} view",
+                      lambda x=x: mine.tree_all_reduce(x)),
+                     (f"halving_doubling of {layout} view",
+                      lambda x=x: mine.halving_doubling_all_reduce(x)),
+                     (f"chain_broadcast of {layout} view",
+                      lambda x=x: mine.chain_broadcast(x))]
+    ok = made("contiguous", shape, 15)
+    for layout in ("transposed", "strided", "expanded"):
+        out = output(layout, shape) if layout != "expanded" else made(layout, shape, 16)
+        refusals += [(f"reduce_scatter into {layout} output",
+                      lambda out=out: mine.reduce_scatter(out, [ok] * size)),
+                     (f"all_to_all_single of {layout} input",
+                      lambda layout=layout: mine.all_to_all_single(
+                          torch.empty(size * 4, 5), made(layout, (size * 4, 5), 17))),
+                     (f"all_to_all_single into {layout} output",
+                      lambda layout=layout: mine.all_to_all_single(
+                          output(layout, (size * 4, 5)) if layout != "expanded" else
+                          made(layout, (size * 4, 5), 18), ok.repeat(size, 1)))]
+    refusals += [("reduce_scatter of transposed inputs", lambda: mine.reduce_scatter(
+        torch.empty(shape), [made("transposed", shape, 19)] * size))]
+    expanded = made("expanded", shape, 20)
+    refusals += [
+        ("all_gather into an expanded output", lambda: mine.all_gather([expanded] * size, ok)),
+        ("all_gather_into_tensor into an expanded output", lambda: mine.all_gather_into_tensor(
+            made("expanded", (size * 4, 5), 21), ok)),
+        ("reduce_scatter_tensor into an expanded output", lambda: mine.reduce_scatter_tensor(
+            expanded, ok.repeat(size, 1))),
+        ("all_to_all into expanded outputs", lambda: mine.all_to_all([expanded] * size,
+                                                                      [ok] * size))]
+    return same, usage_errors(refusals)
+
+
+share_spawn(_layouts, [3])
+
+
+def test_layouts_stock_takes_right_give_stocks_bits_in_the_callers_view():
+    # Transposed and permuted views, in place: gloo sums them in memory order, and so do we.
+    # Any layout as an input; transposed and strided outputs, written where they lie.
+    for rank, (same, _) in enumerate(shared_results(_layouts, 3)):
+        assert len(same) == 38 - (rank != 1) * 2, sorted(same)
+        for case, verdicts in same.items():
+            assert all(verdicts), (rank, case, verdicts)
+
+
+def test_layouts_stock_gets_wrong_are_refused_with_the_reason():
+    for rank, (_, said) in enumerate(shared_results(_layouts, 3)):
+        assert len(said) == 26, sorted(said)
+        for case, text in said.items():
+            assert text and "\n" not in text, (rank, case, text)
+            if case.endswith(("strided view", "expanded view")):
+                assert "not one dense block" in text or "share" in text, (case, text)
+            elif "expanded output" in case:
+                assert "more than one element" in text, (case, text)
+            elif case.startswith("all_to_all_single"):
+                assert "not contiguous" in text, (case, text)
+            else:  # reduce_scatter
+                assert "gloo" in text, (case, text)
 
 
 def _async(rank, world_size):
@@ -477,6 +808,94 @@ share_spawn(_async, [3])
 def test_async_op_returns_a_work_that_wait_ends():
     for rank, seen in enumerate(shared_results(_async, 3)):
         assert all(seen.values()), (rank, seen)
+
+
+def _grad_modes(rank, world_size):
+    """{case: (ours torch.equal to stock's, in the caller's tensor)} for what autograd's
+    modes may hand a collective: a Parameter (under no_grad, or not), a tensor made in
+    inference_mode (there, or outside it); or the error the call raised."""
+    x = _values(rank, 12, torch.float32, seed=7)
+    whole = _values(rank, 12 * world_size, torch.float32, seed=8)
+
+    def param(t):
+        return torch.nn.Parameter(t.clone())
+
+    def inference(t):
+        with torch.inference_mode():
+            return t.clone()
+
+    def all_reduce(lib, t):
+        lib.all_reduce(t)
+        return t
+
+    def reduce(lib, t):
+        lib.reduce(t, dst=1)
+        return t if rank == 1 else torch.zeros(0)  # (stock's other ranks: unspecified)
+
+    def broadcast(lib, t):
+        lib.broadcast(t, src=2)
+        return t
+
+    def scatter_into(lib, t):
+        lib.reduce_scatter_tensor(t, whole)
+        return t
+
+    def scatter_of(lib, t):
+        out = torch.empty(12)
+        lib.reduce_scatter_tensor(out, t)
+        return out
+
+    def gather_into(lib, t):
+        lib.all_gather_into_tensor(t, x)
+        return t
+
+    no_grad, grad_on, inference_mode = torch.no_grad, contextlib.nullcontext, torch.inference_mode
+    calls = {  # name: (the mode the call runs in, how its tensor is made, the call)
+        "all_reduce a Parameter under no_grad": (no_grad, partial(param, x), all_reduce),
+        "all_reduce a Parameter, grad on": (grad_on, partial(param, x), all_reduce),
+        "all_reduce in inference_mode": (inference_mode, partial(inference, x), all_reduce),
+        "all_reduce an inference tensor outside": (grad_on, partial(inference, x), all_reduce),
+        "reduce a Parameter under no_grad": (no_grad, partial(param, x), reduce),
+        "broadcast a Parameter under no_grad": (no_grad, partial(param, x), broadcast),
+        "reduce_scatter_tensor into a Parameter": (no_grad, partial(param, x), scatter_into),
+        "reduce_scatter_tensor of a Parameter": (no_grad, partial(param, whole), scatter_of),
+        "all_gather_into_tensor into a Parameter": (no_grad, partial(param, whole), gather_into),
+    }
+    found = {}
+    for name, (mode, make, call) in calls.items():
+        theirs, ours = make(), make()
+        pointer = ours.data_ptr()
+        try:
+            with mode():
+                expected = call(dist, theirs)
+                got = call(mine, ours)
+            found[name] = (torch.equal(got.detach(), expected.detach()),
+                           ours.data_ptr() == pointer and type(ours) is type(theirs))
+        except Exception as error:  # (each rank fails alike: no peer is left waiting)
+            found[name] = f"{type(error).__name__}: {error}"
+    ours, theirs = param(x), x.clone()
+    with torch.no_grad():  # async: the mode of the call, not of the wait
+        dist.all_reduce(theirs)
+        work = mine.all_reduce(ours, async_op=True)
+    try:
+        work.wait()
+        found["async under no_grad, waited outside"] = (torch.equal(ours.detach(), theirs),
+                                                        True)
+    except Exception as error:
+        found["async under no_grad, waited outside"] = f"{type(error).__name__}: {error}"
+    return found
+
+
+share_spawn(_grad_modes, [3])
+
+
+def test_parameters_and_inference_tensors_reduce_as_stocks():
+    # Stock's collectives run in C++, out of autograd's sight; chapter 0's run on a thread
+    # of its own, whatever the caller's grad mode or inference mode.
+    for rank, found in enumerate(shared_results(_grad_modes, 3)):
+        assert len(found) == 10, found
+        for case, verdict in found.items():
+            assert verdict == (True, True), (rank, case, verdict)
 
 
 def _eight(rank, world_size):

@@ -17,12 +17,12 @@ Read in this order:
     p2p.py                  send and receive at once: the one move everything is made of
     work.py                 async_op: one thread runs the collectives, in call order; Work
     ops.py                  SUM, AVG, PRODUCT, MIN, MAX: how two blocks become one, as gloo's
-    checks.py               the refusals: local ones, and one round that compares shapes
+    checks.py               the refusals and the layouts taken; one round compares shapes
     tree_and_chain.py       broadcast: a binomial tree, and a pipelined chain
     ring_all_gather.py      all_gather round the ring: pass on what came last
     ring_reduce_scatter.py  reduce_scatter round the ring: add what comes, pass the sum on
     ring_all_reduce.py      reduce_scatter + all_gather, cut where gloo cuts: gloo's bits
-    ring_reduce.py          reduce: the ring's first half, then every block to dst
+    ring_reduce.py          reduce: the ring's first half on gloo's reduce cut, then to dst
     tree.py                 all_reduce up and down a binomial tree
     halving_doubling.py     all_reduce in 2 log2 W steps (Rabenseifner)
     pairwise.py             all_to_all by pairwise exchange, W - 1 steps

@@ -61,7 +61,8 @@ def path_bytes(algorithm, nbytes, size):
 
 
 def sent_bytes(algorithm, nbytes, size, rank, root=0):
-    """The bytes group rank `rank` sends, exactly, when N divides into W (and 2W) blocks."""
+    """The bytes group rank `rank` sends, exactly, when N divides into W (and 2W) blocks
+    (a reduce: up to 2W MiB; past it gloo's reduce blocks are whole MiB, ring_reduce.py)."""
     power = 1 << (size.bit_length() - 1)
     extra = size - power
     share = (size - 1) * nbytes // size

@@ -21,7 +21,7 @@ it equal to the same additions in one process, and measure how far it lands from
 import torch
 
 from ..launch.groups import is_member
-from .checks import check_same_shape, check_tensor
+from .checks import check_same_shape, flat_memory
 from .ops import ReduceOp, check_op, combine, finish
 from .p2p import exchange, rank_and_size
 from .work import launch
@@ -33,22 +33,21 @@ def halving_doubling_all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=Fa
     Collective: call on every rank. all_reduce()'s signature."""
     if not is_member(group):
         return None
-    check_tensor(tensor, "halving_doubling_all_reduce")
-    check_op(op, "halving_doubling_all_reduce")
-    return launch(_halving_doubling, (tensor, op, group), [tensor], async_op)
+    flat = flat_memory(tensor, "halving_doubling_all_reduce")
+    check_op(op, "halving_doubling_all_reduce", tensor.dtype)
+    return launch(_halving_doubling, (tensor, flat, op, group), [tensor], async_op)
 
 
-def _halving_doubling(tensor, op, group):
+def _halving_doubling(tensor, flat, op, group):
     rank, size = rank_and_size(group)
     check_same_shape(tensor, group, "halving_doubling_all_reduce")
-    flat = tensor.view(-1)
     power = 1 << (size.bit_length() - 1)  # the largest power of two <= W
     extra = size - power
     incoming = torch.empty_like(flat)
     if rank < 2 * extra and rank % 2 == 0:  # I hand my tensor over and wait for the sum
         exchange(group, sends=[(flat, rank + 1)])
         exchange(group, receives=[(flat, rank + 1)])
-        finish(op, tensor, size)
+        finish(op, flat, size)
         return
     if rank < 2 * extra:  # I go on for two: mine + my even neighbour's
         exchange(group, receives=[(incoming, rank - 1)])
@@ -58,7 +57,7 @@ def _halving_doubling(tensor, op, group):
     double(flat, group, me, power, extra, ranges)
     if rank < 2 * extra:
         exchange(group, sends=[(flat, rank - 1)])
-    finish(op, tensor, size)
+    finish(op, flat, size)
 
 
 def _group_rank(me, extra):

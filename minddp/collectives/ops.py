@@ -8,7 +8,8 @@ tensor's own dtype: a bfloat16 sum is rounded to bfloat16 after every addition, 
 torch.add does to two bfloat16 tensors, so the bits agree as long as the additions happen
 in the same order (ring_all_reduce.py: which order that is). AVG is gloo's SUM followed by one
 true division by the world size, on every rank, at the very end (tests: equal to gloo's own
-AVG bit for bit; a multiplication by 1/W would not be).
+AVG bit for bit; a multiplication by 1/W would not be). On an integer or bool tensor stock's
+AVG sums, then raises on every rank (the division's float does not fit): refused here first.
 """
 
 import torch
@@ -27,9 +28,15 @@ COMBINE = {  # the op -> how two tensors become one (out= the first: in place)
 }
 
 
-def check_op(op, what):
-    """Refuse, in one line, an op this chapter does not reduce with (before any message)."""
+def check_op(op, what, dtype):
+    """Refuse, in one line, an op this chapter does not reduce with, or AVG on integers
+    (before any message: stock's gloo sums, then fails to divide, on every rank)."""
     kind = getattr(op, "op", op)  # PREMUL_SUM comes wrapped in a ReduceOp object
+    if kind == ReduceOp.AVG and not (dtype.is_floating_point or dtype.is_complex):
+        raise UsageError(f"{what}: op=ReduceOp.AVG on a {dtype} tensor (an average of"
+                         " integers is no integer: stock's sums, then fails to divide in"
+                         " place, on every rank)",
+                         hint="SUM, then divide a floating-point copy by the world size")
     if kind in COMBINE:
         return
     name = getattr(kind, "name", repr(op))

@@ -13,6 +13,7 @@ Two numbers per rank (groups.py): the algorithms count in group ranks, 0 .. W-1,
 send/recv take global ranks, converted on the last line before a message leaves.
 """
 
+import torch
 import torch.distributed as dist
 
 from ..launch.groups import global_rank, members
@@ -37,6 +38,20 @@ def exchange(group, sends=(), receives=()):
         return
     for request in dist.batch_isend_irecv(ops):
         request.wait()  # raises gloo's "Timed out" when a peer never posts its side
+
+
+def stand_ins(tensors):
+    """What to receive into: each tensor, or where it is not contiguous (a receive writes
+    bytes as they lie) a contiguous one of its shape, which land() copies into place."""
+    return [t if t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            for t in tensors]
+
+
+def land(tensors, received):
+    """Copy each stand-in of stand_ins() into the tensor it stood in for."""
+    for tensor, stand_in in zip(tensors, received):
+        if stand_in is not tensor:
+            tensor.copy_(stand_in)
 
 
 def rank_and_size(group):

@@ -13,18 +13,23 @@ would cost a round as long as the exchange itself), only the local lengths are.
 """
 
 from ..launch.groups import is_member
-from .checks import check_count, check_tensor
-from .p2p import exchange, rank_and_size
+from .checks import check_contiguous, check_count, check_output, check_tensor
+from .p2p import exchange, land, rank_and_size, stand_ins
 from .work import launch
 
 
 def pairwise_exchange(outputs, inputs, group):
     """Collective: call on every rank. outputs[r] <- rank r's inputs[me], step by step."""
     rank, size = rank_and_size(group)
-    outputs[rank].copy_(inputs[rank])
+    # send and recv move bytes as they lie: an input with another layout goes as a copy in
+    # order, an output with another layout receives into a stand-in (any layout, as gloo's)
+    inputs = [tensor.contiguous() for tensor in inputs]
+    received = stand_ins(outputs)
+    received[rank].copy_(inputs[rank])
     for step in range(1, size):
         to, came_from = (rank + step) % size, (rank - step) % size
-        exchange(group, sends=[(inputs[to], to)], receives=[(outputs[came_from], came_from)])
+        exchange(group, sends=[(inputs[to], to)], receives=[(received[came_from], came_from)])
+    land(outputs, received)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
@@ -34,10 +39,11 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     if not is_member(group):
         return None
     rank, size = rank_and_size(group)
-    for tensors in (output_tensor_list, input_tensor_list):
+    for tensors, check in ((output_tensor_list, check_output),
+                           (input_tensor_list, check_tensor)):  # (an input: any layout)
         check_count("all_to_all", len(tensors), size, "tensors in a list")
         for tensor in tensors:
-            check_tensor(tensor, "all_to_all")
+            check(tensor, "all_to_all")
     args = (list(output_tensor_list), list(input_tensor_list), group)
     return launch(pairwise_exchange, args, output_tensor_list, async_op)
 
@@ -50,8 +56,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     if not is_member(group):
         return None
     rank, size = rank_and_size(group)
-    check_tensor(output, "all_to_all_single")
-    check_tensor(input, "all_to_all_single")
+    check_output(output, "all_to_all_single")
+    # torch 2.13's refuses an input (ValueError), and writes such an output wrong
+    check_contiguous(output, "all_to_all_single", "torch 2.13's gloo writes it wrong")
+    check_contiguous(input, "all_to_all_single", "torch 2.13's refuses it too")
     outputs = _pieces(output, output_split_sizes, size, "output")
     inputs = _pieces(input, input_split_sizes, size, "input")
     return launch(pairwise_exchange, (outputs, inputs, group), [output], async_op)

@@ -12,8 +12,8 @@ ring_all_gather() is also the second half of the ring all_reduce (ring_all_reduc
 """
 
 from ..launch.groups import is_member
-from .checks import check_count, check_same_shape, check_tensor
-from .p2p import exchange, rank_and_size
+from .checks import check_count, check_output, check_same_shape, check_tensor
+from .p2p import exchange, land, rank_and_size, stand_ins
 from .work import launch
 
 
@@ -38,10 +38,10 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     if not is_member(group):
         return None
     rank, size = rank_and_size(group)
-    check_tensor(tensor, "all_gather")
+    check_tensor(tensor, "all_gather")  # only read: any layout
     check_count("all_gather", len(tensor_list), size, "output tensors")
     for out in tensor_list:
-        check_tensor(out, "all_gather")
+        check_output(out, "all_gather")
         check_count("all_gather", tuple(out.shape), tuple(tensor.shape), "(an output's shape)")
     return launch(_all_gather, (list(tensor_list), tensor, group), tensor_list, async_op)
 
@@ -49,8 +49,10 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
 def _all_gather(tensor_list, tensor, group):
     rank, size = rank_and_size(group)
     check_same_shape(tensor, group, "all_gather")
-    tensor_list[rank].copy_(tensor)
-    ring_all_gather(tensor_list, group)
+    blocks = stand_ins(tensor_list)  # a non-contiguous output receives into a stand-in
+    blocks[rank].copy_(tensor)
+    ring_all_gather(blocks, group)
+    land(tensor_list, blocks)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
@@ -61,20 +63,23 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
         return None
     rank, size = rank_and_size(group)
     check_tensor(input_tensor, "all_gather_into_tensor")
-    check_tensor(output_tensor, "all_gather_into_tensor")
+    check_output(output_tensor, "all_gather_into_tensor")
     check_count("all_gather_into_tensor", output_tensor.numel(), size * input_tensor.numel(),
                 "output elements (W times the input's)")
-    blocks = list(output_tensor.view(-1).split(max(1, input_tensor.numel())))[:size]
-    return launch(_into_tensor, (blocks, input_tensor, group), [output_tensor], async_op)
+    args = (output_tensor, input_tensor, group)
+    return launch(_into_tensor, args, [output_tensor], async_op)
 
 
-def _into_tensor(blocks, input_tensor, group):
+def _into_tensor(output_tensor, input_tensor, group):
     rank, size = rank_and_size(group)
     check_same_shape(input_tensor, group, "all_gather_into_tensor")
     if input_tensor.numel() == 0:
         return
-    blocks[rank].copy_(input_tensor.view(-1))
+    whole = stand_ins([output_tensor])[0]
+    blocks = list(whole.view(-1).split(input_tensor.numel()))
+    blocks[rank].copy_(input_tensor.reshape(-1))  # (any layout: its elements in order)
     ring_all_gather(blocks, group)
+    land([output_tensor], [whole])
 
 
 all_gather_single = all_gather_into_tensor  # torch 2.13's name for it

@@ -23,7 +23,7 @@ large, even and odd, in float32, bfloat16 and float64 (docs/collectives.md: the 
 """
 
 from ..launch.groups import is_member
-from .checks import check_same_shape, check_tensor
+from .checks import check_same_shape, flat_memory
 from .ops import ReduceOp, check_op, finish
 from .p2p import rank_and_size
 from .ring_all_gather import ring_all_gather
@@ -50,15 +50,15 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     Collective: call on every rank. Stock's signature (torch.distributed.all_reduce)."""
     if not is_member(group):
         return None
-    check_tensor(tensor, "all_reduce")
-    check_op(op, "all_reduce")
-    return launch(_ring, (tensor, op, group), [tensor], async_op)
+    flat = flat_memory(tensor, "all_reduce")  # in the order it lies in memory, as gloo's
+    check_op(op, "all_reduce", tensor.dtype)
+    return launch(_ring, (tensor, flat, op, group), [tensor], async_op)
 
 
-def _ring(tensor, op, group):
+def _ring(tensor, flat, op, group):
     rank, size = rank_and_size(group)
     check_same_shape(tensor, group, "all_reduce")
-    blocks = gloo_blocks(tensor.view(-1), size)  # views: the sums land in the tensor itself
+    blocks = gloo_blocks(flat, size)  # views: the sums land in the tensor itself
     ring_reduce_scatter(blocks, op, group)  # rank b: block b complete
     ring_all_gather(blocks, group)  # every rank: every block complete
-    finish(op, tensor, size)
+    finish(op, flat, size)

@@ -14,14 +14,16 @@ gloo's reduce_scatter_tensor sums each element as its all_reduce of the whole in
 in the order of the gloo block the element falls in (ring_all_reduce.py). Where gloo's blocks
 are this function's pieces (up to 2 MiB a rank: an even number of elements a rank), ours
 has its bits; elsewhere the two part by a rounding on the elements near the pieces' edges,
-and ours equals the sum above (tests; docs/collectives.md).
+and ours equals the sum above (tests; docs/collectives.md). So does a transposed input:
+gloo sums it in the order it lies in memory, ours in its rows' order.
 ring_reduce_scatter() is also the first half of the ring all_reduce (ring_all_reduce.py).
 """
 
 import torch
 
 from ..launch.groups import is_member
-from .checks import check_count, check_same_shape, check_tensor
+from .checks import check_contiguous, check_count, check_not_permuted, check_output
+from .checks import check_same_shape, check_tensor
 from .ops import ReduceOp, check_op, combine, finish
 from .p2p import exchange, rank_and_size
 from .work import launch
@@ -54,9 +56,9 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     if not is_member(group):
         return None
     rank, size = rank_and_size(group)
-    for tensor in (output, input):
-        check_tensor(tensor, "reduce_scatter_tensor")
-    check_op(op, "reduce_scatter_tensor")
+    check_output(output, "reduce_scatter_tensor")
+    check_tensor(input, "reduce_scatter_tensor")  # only read: any layout
+    check_op(op, "reduce_scatter_tensor", input.dtype)
     check_count("reduce_scatter_tensor", input.numel(), size * output.numel(),
                 "input elements (W times the output's)")
     return launch(_into_output, (output, input, op, group), [output], async_op)
@@ -67,10 +69,12 @@ def _into_output(output, input, op, group):
     check_same_shape(input, group, "reduce_scatter_tensor")
     if output.numel() == 0:
         return
-    work = input.reshape(-1).clone()  # the caller's input stays as it was
-    blocks = list(work.split(max(1, output.numel())))[:size]
+    # A copy, its elements in order whatever the input's layout (gloo sums a transposed
+    # input in memory order: the same sums, other roundings); the caller's stays as it was
+    work = input.reshape(-1).clone()
+    blocks = list(work.split(output.numel()))
     ring_reduce_scatter(blocks, op, group)
-    output.view(-1).copy_(blocks[rank])
+    output.copy_(blocks[rank].view(output.shape))  # (any layout: written where it lies)
     finish(op, output, size)
 
 
@@ -84,11 +88,14 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     if not is_member(group):
         return None
     rank, size = rank_and_size(group)
-    check_tensor(output, "reduce_scatter")
-    check_op(op, "reduce_scatter")
+    check_output(output, "reduce_scatter")
+    check_contiguous(output, "reduce_scatter", "torch 2.13's gloo writes such an output wrong")
+    check_op(op, "reduce_scatter", output.dtype)
     check_count("reduce_scatter", len(input_list), size, "input tensors")
     for tensor in input_list:
-        check_tensor(tensor, "reduce_scatter")
+        # (a view with holes, or expanded: read in order, as gloo does)
+        check_not_permuted(tensor, "reduce_scatter", "a transposed or permuted input: torch"
+                           " 2.13's gloo sums it wrong")
         check_count("reduce_scatter", tuple(tensor.shape), tuple(output.shape),
                     "(an input's shape)")
     return launch(_from_list, (output, list(input_list), op, group), [output], async_op)
@@ -97,7 +104,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
 def _from_list(output, input_list, op, group):
     rank, size = rank_and_size(group)
     check_same_shape(output, group, "reduce_scatter")
-    blocks = [tensor.clone() for tensor in input_list]
+    blocks = [tensor.reshape(-1).clone() for tensor in input_list]  # 1-D, as the ring's
     ring_reduce_scatter(blocks, op, group)
-    output.copy_(blocks[rank])
+    output.copy_(blocks[rank].view(output.shape))
     finish(op, output, size)

@@ -18,7 +18,7 @@ process, and measures how far it lands from gloo's; docs/collectives.md gives th
 import torch
 
 from ..launch.groups import is_member
-from .checks import check_same_shape, check_tensor
+from .checks import check_same_shape, flat_memory
 from .ops import ReduceOp, check_op, combine, finish
 from .p2p import exchange, rank_and_size
 from .tree_and_chain import binomial_tree
@@ -31,9 +31,9 @@ def tree_all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     Collective: call on every rank. all_reduce()'s signature."""
     if not is_member(group):
         return None
-    check_tensor(tensor, "tree_all_reduce")
-    check_op(op, "tree_all_reduce")
-    return launch(_tree, (tensor, op, group), [tensor], async_op)
+    flat = flat_memory(tensor, "tree_all_reduce")
+    check_op(op, "tree_all_reduce", tensor.dtype)
+    return launch(_tree, (tensor, flat, op, group), [tensor], async_op)
 
 
 def tree_reduce(tensor, op, group):
@@ -51,10 +51,10 @@ def tree_reduce(tensor, op, group):
         step *= 2
 
 
-def _tree(tensor, op, group):
+def _tree(tensor, flat, op, group):
     rank, size = rank_and_size(group)
     check_same_shape(tensor, group, "tree_all_reduce")
-    tree_reduce(tensor, op, group)
-    binomial_tree(tensor, 0, group)  # rank 0's sum, down the same tree
-    finish(op, tensor, size)
+    tree_reduce(flat, op, group)
+    binomial_tree(flat, 0, group)  # rank 0's sum, down the same tree
+    finish(op, flat, size)
 

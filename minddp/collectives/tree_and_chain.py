@@ -16,7 +16,7 @@ No arithmetic: every rank ends with the source's bits, whichever way they travel
 """
 
 from ..launch.groups import is_member
-from .checks import check_same_shape, check_tensor
+from .checks import check_same_shape, flat_memory
 from .p2p import exchange, group_rank, rank_and_size
 from .work import launch
 
@@ -40,14 +40,14 @@ def chain_broadcast(tensor, src=None, group=None, async_op=False, group_src=None
 def _start(algorithm, tensor, src, group, async_op, group_src, what):
     if not is_member(group):
         return None  # stock's rule: a rank outside the group takes no part
-    check_tensor(tensor, what)
+    flat = flat_memory(tensor, what)  # its bytes as they lie: a transposed view too
     root = group_src if group_src is not None else group_rank(group, src or 0, what)
-    return launch(_checked, (algorithm, tensor, root, group, what), [tensor], async_op)
+    return launch(_checked, (algorithm, tensor, flat, root, group, what), [tensor], async_op)
 
 
-def _checked(algorithm, tensor, root, group, what):
+def _checked(algorithm, tensor, flat, root, group, what):
     check_same_shape(tensor, group, what)
-    algorithm(tensor, root, group)
+    algorithm(flat, root, group)
 
 
 def binomial_tree(tensor, root, group):

@@ -10,6 +10,11 @@ blocks of different collectives. A blocking call (async_op=False) joins the same
 waits for its turn, so it cannot overtake an async one either.
 What the caller gets back is stock's: None, or a Work whose wait() returns once the
 collective is done (True, or the collective's exception raised again here).
+Stock's collectives write in C++, where autograd never looks: a Parameter is averaged in
+place under no_grad or not, and a tensor made in inference_mode in it or outside it. A thread
+of our own has neither the caller's grad mode nor its inference mode, and autograd would
+refuse those in-place writes (tests); so the collectives run in inference_mode, where it
+records nothing and refuses none of them, whoever called.
 """
 
 import queue
@@ -78,7 +83,8 @@ def _run_in_order():
     while True:
         work, collective, args = _QUEUE.get()
         try:
-            collective(*args)
+            with torch.inference_mode():  # out of autograd's sight, as stock's C++
+                collective(*args)
         except Exception as error:  # handed to whoever waits: a mistake is the caller's
             work._finish(error)
         else:
