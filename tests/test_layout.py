@@ -30,7 +30,7 @@ PACKAGE = REPO / "minddp"
 # The chapters, in the reading order (minddp lessons): a lesson imports only from its own
 # chapter and the ones before it.
 CHAPTERS = ["launch", "collectives", "ddp", "zero", "fsdp", "tp", "pp", "elastic", "mesh",
-            "memory", "cp", "ep"]
+            "memory", "cp", "ep", "invariant"]
 SUPPORT = ["dropin", "references", "grader", "tools", "bench", "run"]  # above every chapter
 LESSONS = sorted(f"{c}/{p.stem}" for c in CHAPTERS for p in (PACKAGE / c).glob("*.py")
                  if not p.name.startswith("__"))
