@@ -17,7 +17,7 @@ import sys
 COMMANDS = {  # subcommand: (module, what it does)
     "lessons": ("minddp.tools.course", "the reading order: each file's size and idea"),
     "diff": ("minddp.tools.diff", "compare two gradient tables, element by element"),
-    "exercise": ("minddp.grader.exercises", "a lesson with its ideas taken out, for a student"),
+    "exercise": ("minddp.grader.writer", "a lesson with its ideas taken out, for a student"),
     "grade": ("minddp.grader.grade", "a student's lesson file against stock, bit for bit"),
     "timeline": ("minddp.bench.timeline", "when backward computes and each all-reduce runs"),
     "bench": ("minddp.bench.ddp", "step time: naive, bucketed and stock DDP, as ratios"),

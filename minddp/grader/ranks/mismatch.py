@@ -1,9 +1,9 @@
 """Why the ranks hang in a collective: what each one called it with, read side by side.
 
-    minddp grade exercises/naive.py      # ranks.py notes each call; a hang is read here
+    minddp grade exercises/naive.py      # world.py notes each call; a hang is read here
 
 A collective completes when every rank of its group calls it alike: the same group, the
-same src, tensors of the same size. ranks.py notes, with each collective a rank enters,
+same src, tensors of the same size. world.py notes, with each collective a rank enters,
 its group, its src or dst and its tensors' sizes (details()); when ranks are still waiting
 at the time limit, why() reads those notes across the ranks and names the first of these
 that differs. None: nothing differs, and the report stays where each rank waits.

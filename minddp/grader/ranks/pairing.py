@@ -1,6 +1,6 @@
 """Do a student's sends and receives pair up? Found in a dry run, before the real one hangs.
 
-    minddp grade exercises/ring.py       # pieces.ring asks this first, for every size
+    minddp grade exercises/ring.py       # checks/ring.py asks this first, for every size
 
 gloo pairs a receive with the next message the named rank sends it (any size up to the
 receive's). So a receive that no send matches does not fail: it waits, or takes a later
@@ -15,7 +15,7 @@ import contextlib
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from .training import _everyone
+from ..shared.training import _everyone
 
 CALLS = ("send", "recv", "isend", "irecv")
 

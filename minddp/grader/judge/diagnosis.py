@@ -18,7 +18,7 @@ cause, in the order a student meets them:
 
 import numpy as np
 
-from ..tools.diff import constant_factor, partial_factor
+from ...tools.diff import constant_factor, partial_factor
 
 ROUNDING_UNITS = 16  # more than this is a different number, not a different order
 

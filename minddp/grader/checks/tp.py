@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh as stock_mesh
 from torch.distributed.tensor import parallel as stock_tp
 
-from .diagnosis import compare
-from .training import STEPS, _everyone, _np, _ranks, _result, _runs, _whole
+from ..judge.diagnosis import compare
+from ..shared.training import STEPS, _everyone, _np, _ranks, _result, _runs, _whole
 
 
 class _MLP(torch.nn.Module):
@@ -59,7 +59,7 @@ class _Gathered(torch.nn.Module):
 def _bias_after_sum(rowwise, **layouts):
     """The lesson's RowwiseParallel with the textbook's bias: added once, after the sum (stock
     adds bias / W on every rank, before it): right too, and another rounding."""
-    from ..tp.ops import scatter_sequence, sum_over_ranks
+    from ...tp.ops import scatter_sequence, sum_over_ranks
 
     class BiasAfterSum(rowwise):
         def _forward(self, module, x, group):
@@ -83,10 +83,10 @@ def tp(student, rank, world_size):
 
 def _check(student, rank, world_size, sequence):
     from torch.distributed.tensor import Replicate, Shard
-    from ..mesh.device_mesh import init_device_mesh
-    from ..tp import parallel as lesson
-    from ..tp.plan import sliced
-    from ..tp.sequence_parallel import PrepareModuleInput
+    from ...mesh.device_mesh import init_device_mesh
+    from ...tp import parallel as lesson
+    from ...tp.plan import sliced
+    from ...tp.sequence_parallel import PrepareModuleInput
     gathered = sequence == "gathered"  # the block's input gathered, then a plain column split
     col, row = ({} if gathered else {"input_layouts": Shard(1)}, {"output_layouts": Shard(1)}) \
         if sequence else ({}, {})

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..launch.groups import global_rank
+from ...launch.groups import global_rank
 
 U = 2.0 ** -24  # float32's unit roundoff
 

@@ -1,13 +1,14 @@
-"""The grader's DDP checks: NaiveDDP and BucketedDDP beside stock DDP, step by step.
+"""A DDP class beside stock DDP: the run, its verdict, the checks naive's and bucketed's share.
 
-    minddp grade exercises/naive.py      # grade.py runs CHECKS[exercise] on every rank
+    minddp grade exercises/naive.py      # checks/naive.py and checks/bucketed.py call these
 
 Each model of training.MODELS trains STEPS steps under the student's wrapper and stock's
 DistributedDataParallel from each rank's own first weights (a missing broadcast shows),
-each rank on its own batches. Then what the models do not reach: a step whose first half
-runs under no_sync(), and (at 3 ranks or more) a process group without rank 0. A gradient
-that is not stock's bits is judged against the exact average (bound.py): `correct`
-within the bound, `failed` beyond it.
+each rank on its own batches (on_the_models). Then what the models do not reach
+(on_the_edges): a step whose first half runs under no_sync(), a layer the forward never
+uses, and (at 3 ranks or more) a process group without rank 0. A gradient that is not
+stock's bits is judged against the exact average (judge/bound.py): `correct` within the
+bound, `failed` beyond it.
 """
 
 import copy
@@ -17,28 +18,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from .diagnosis import compare
-from .bound import judge, right_ways_of
+from ..judge.diagnosis import compare
+from ..judge.bound import judge, right_ways_of
 from .training import (MODELS, STEPS, _everyone, _np, _ranks, _result, _runs, _train, destroy,
                        toy_batch)
-
-
-class TakesTurns(torch.nn.Module):
-    """Two branches whose order swaps every forward, and so their gradients' order in each
-    backward: after the first backward the buckets are laid out in one order (stock's
-    rebuild), and every other step the gradients arrive in the other."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b, self.head = (torch.nn.Linear(2, 30), torch.nn.Linear(2, 30),
-                                     torch.nn.Linear(30, 2))
-        self.calls = 0
-
-    def forward(self, x):
-        self.calls += 1
-        first, second = (self.a, self.b) if self.calls % 2 else (self.b, self.a)
-        y = first(x)  # (autograd runs the later one's backward first)
-        return self.head(torch.relu(second(x) + y))
 
 
 class Unused(torch.nn.Module):
@@ -50,22 +33,6 @@ class Unused(torch.nn.Module):
 
     def forward(self, x):
         return self.used(x)
-
-
-def _in_bucket_order(launched):
-    """{} if each backward launched its buckets 0, 1, 2, ... (stock's order), else the failure:
-    the same numbers here, but ranks whose gradients arrive in other orders would pair their
-    all_reduces with other buckets'. launched: [each backward's positions, in launch order]."""
-    for step, mine in enumerate(launched):
-        if mine != sorted(mine):
-            later = next(p for p, q in zip(mine, sorted(mine)) if p != q)
-            return dict(passed=False, outcome="failed", where=f"backward {step}: yours launched"
-                        f" buckets {mine}", diagnosis=f"bucket {later} launched before bucket"
-                        f" {min(mine[mine.index(later):])}: stock launches strictly in bucket"
-                        f" order, a complete bucket waiting for the ones before it, so that each"
-                        f" rank's all_reduces pair with the same buckets even where their"
-                        f" gradients arrive in other orders")
-    return {}
 
 
 def _refuses_a_missing_gradient(student, cls_name, rank, world_size):
@@ -86,10 +53,6 @@ def _refuses_a_missing_gradient(student, cls_name, rank, world_size):
                    " parameter that arrives, and raise there for the ones that did not")
 
 
-OUT_OF_ORDER = ("branches that take turns", TakesTurns, "SGD",
-                lambda ps: torch.optim.SGD(ps, lr=0.5), toy_batch, F.cross_entropy)
-
-
 def _run(student, cls_name, rank, model_spec, group=None, micro=False, **kwargs):
     """The student's wrapper and stock's, on the same start and batches: both records.
     kwargs: for both wrappers (bucket_cap_mb)."""
@@ -103,7 +66,7 @@ def _run(student, cls_name, rank, model_spec, group=None, micro=False, **kwargs)
         "stock": _train(stock, stock_model, make_optimizer, batch, loss_fn, rank, micro=micro),
         "yours": _train(yours, model, make_optimizer, batch, loss_fn, rank, plain=build(),
                         micro=micro)}
-    # Each step's local gradients, for the right ways to average them (bound.py)
+    # Each step's local gradients, for the right ways to average them (judge/bound.py)
     record["yours"]["local"] = [{n: _np(g) for n, g in grads.items()}
                                 for grads in record["yours"]["local"]]
     return record
@@ -129,44 +92,21 @@ def _verdict(check, everyone, order_note, group=None, mine=None):
     return result
 
 
-def ddp(student, rank, world_size, cls_name, order_note):
-    """The student's DDP class against stock DDP: gradients every step, weights after."""
+def on_the_models(student, rank, world_size, cls_name, order_note):
+    """The student's DDP class against stock DDP on each model of MODELS: gradients every
+    step, weights after."""
     results = []
     for spec in MODELS:
         everyone = _everyone(_run(student, cls_name, rank, spec))
         results.append(_verdict(f"{_ranks(world_size)}, {spec[0]}, {spec[2]}", everyone,
                                 order_note))
-    if cls_name == "BucketedDDP":  # the LM's 6 gradients in buckets of 4 KB: several
-        lm = MODELS[1]
-        everyone = _everyone(_run(student, cls_name, rank, lm, bucket_cap_mb=0.004))
-        results.append(_verdict(f"{_ranks(world_size)}, {lm[0]}, {lm[2]}, bucket_cap_mb=0.004"
-                                f" (several buckets)", everyone, order_note))
-        # every other step a later bucket is complete first: it waits for the one before it
-        cls, launched = getattr(student, cls_name), [[]]
-        reduce, end = cls._reduce_bucket, cls._end_of_backward
+    return results
 
-        def recorded(self, bucket, position):  # the order _mark_ready launches the buckets
-            launched[-1].append(position)
-            return reduce(self, bucket, position)
 
-        def ended(self):
-            launched.append([])
-            return end(self)
-        cls._reduce_bucket, cls._end_of_backward = recorded, ended
-        try:
-            everyone = _everyone(_run(student, cls_name, rank, OUT_OF_ORDER,
-                                      bucket_cap_mb=0.0002))
-        finally:
-            cls._reduce_bucket, cls._end_of_backward = reduce, end
-        result = _verdict(f"{_ranks(world_size)}, {OUT_OF_ORDER[0]}, bucket_cap_mb=0.0002 (the"
-                          f" gradients' order changes every step)", everyone, order_note)
-        if "the average was skipped" in result["diagnosis"] and all(r["passed"] for r in results):
-            result["diagnosis"] += ("; only here, so a bucket never launched: when one"
-                                    " gradient completes several buckets, launch each of them,"
-                                    " in bucket order")
-        if result["passed"]:
-            result.update(_in_bucket_order(launched))
-        results.append(result)
+def on_the_edges(student, rank, world_size, cls_name, order_note):
+    """What the models do not reach: a step whose first half runs under no_sync(), a layer
+    the forward never uses, and (3+ ranks) a process group without rank 0."""
+    results = []
     toy = MODELS[0]
     everyone = _everyone(_run(student, cls_name, rank, toy, micro=True))
     check = f"{_ranks(world_size)}, {toy[0]}, step 1 in two halves, the first under no_sync()"
@@ -194,17 +134,3 @@ def ddp(student, rank, world_size, cls_name, order_note):
         results.append(result)
         destroy(group)  # `mine`'s wrappers ended with _run
     return results
-
-
-def naive(student, rank, world_size):
-    return ddp(student, rank, world_size, "NaiveDDP", "stock adds each bucket's gradients,"
-               " pre-divided by the world size, with one all_reduce; one per parameter adds"
-               " 3 or more ranks' in another order")
-
-
-def bucketed(student, rank, world_size):
-    return ddp(student, rank, world_size, "BucketedDDP", "stock multiplies each gradient by"
-               " 1/world_size as it copies it into its bucket, then all_reduces the bucket")
-
-
-CHECKS = {"naive": naive, "bucketed": bucketed}

@@ -1,11 +1,11 @@
 """What every check shares: the models, the batches, and one training run recorded.
 
-    minddp grade exercises/naive.py      # grade.py runs checks.CHECKS[exercise] on every rank
+    minddp grade exercises/naive.py      # ranks/world.py runs checks.CHECKS[exercise] on every rank
 
-Every check (ddp.py, sharded.py, pieces.py, tp.py) runs on each rank (a collective),
-gathers what every rank saw, and returns the same results on each: [{"check", "passed",
-"where", "diagnosis"}]. The models start from each rank's own seed, so that a missing
-broadcast shows; every rank trains on its own batch.
+Every check (checks/) runs on each rank (a collective), gathers what every rank saw, and
+returns the same results on each: [{"check", "passed", "where", "diagnosis"}]. The models
+start from each rank's own seed, so that a missing broadcast shows; every rank trains on its
+own batch.
 """
 
 import contextlib
@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..run.toy import NeuralNetwork
-from .bound import local_gradients
+from ...run.toy import NeuralNetwork
+from ..judge.bound import local_gradients
 
 STEPS = 3
-# The collectives whose calls are counted (and, by ranks.py, logged); isend and irecv stay
+# The collectives whose calls are counted (and, by ranks/world.py, logged); isend and irecv stay
 # unwrapped: P2POp checks that its op IS dist.isend or dist.irecv.
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_single",
                "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
@@ -127,7 +127,7 @@ def _counting(counts):
 
 def _train(wrapped, module, make_optimizer, batch, loss_fn, rank, plain=None, micro=False):
     """STEPS steps: the weights before, each step's gradients and weights after. With a
-    `plain` copy of the model: each step's local gradients too (bound.py), from the
+    `plain` copy of the model: each step's local gradients too (judge/bound.py), from the
     weights the step starts with. micro: step 1 in two halves, the first under no_sync()."""
     record = {"start": {n: _np(_whole(p)) for n, p in module.named_parameters()},
               "grads": [], "weights": [], "local": []}

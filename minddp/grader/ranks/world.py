@@ -3,7 +3,7 @@
     minddp grade exercises/naive.py      # grade.py calls run_world once per world size
 
 One group of gloo ranks per world size, each loading the student's file as its lesson and
-running the exercise's checks (checks.py). Two failures are read
+running the exercise's checks (checks/). Two failures are read
 back instead of results: a rank that raised (the first one whose traceback passes through
 the student's file: its line there), and ranks still running past the time limit, counted
 from the moment all of them have joined the group (a slow torch import is no hang): each
@@ -20,9 +20,9 @@ import tempfile
 import time
 import traceback
 
-from ..run import warm
+from ...run import warm
+from ..exercises import EXERCISES
 from . import mismatch
-from .exercises import EXERCISES
 
 STARTING_S = 600  # the most a rank may take to import torch and join the group
 # What a rank raises when a peer went away (it finished, or died): never the diagnosis. The
@@ -45,6 +45,7 @@ HINTS = [(None, "modified by an inplace operation", "a tensor autograd saved for
           " end")]
 # where a collective was called from when not from the student's file: never read as their cause
 NOT_THEIRS = ("the grader, gathering the results", "stock's code")
+GRADER = pathlib.Path(__file__).parents[1]  # minddp/grader/: a call from its files is the grader's
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
@@ -54,13 +55,13 @@ def _record_collectives(path, student_file):
     import torch.distributed as dist
 
     from .mismatch import details
-    from .training import COLLECTIVES
+    from ..shared.training import COLLECTIVES
     log = open(path, "a", buffering=1)
 
     def wrap(name, original):
         def call(*args, **kwargs):
             stack = traceback.extract_stack()[:-1]
-            ours = any(pathlib.Path(f.filename).parent.name == "grader" for f in stack[-3:])
+            ours = any(GRADER in pathlib.Path(f.filename).parents for f in stack[-3:])
             where = next((f"{pathlib.Path(f.filename).name} line {f.lineno}"
                           for f in reversed(stack) if f.filename == student_file),
                          NOT_THEIRS[0] if ours else NOT_THEIRS[1])
@@ -90,11 +91,11 @@ def _rank(rank, world_size, file, name, tmp, environ, timeout):
         os.environ.update(environ)
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU and gloo, on any machine
         torch.set_num_threads(1)
-        from ..launch.teardown import ddp_teardown
-        from .student import load
+        from ...launch.teardown import ddp_teardown
+        from ..student import load
         # Before the group exists: the checks import stock's references, and importing
         # torch.distributed.optim after init_process_group keeps the group alive past destroy.
-        from .checks import CHECKS
+        from ..checks import CHECKS
         dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank,
                                 world_size=world_size)
         (out / f"rank{rank}.started").touch()  # the time limit counts from here
