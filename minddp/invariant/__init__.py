@@ -16,6 +16,7 @@ Read in this order:
     tree.py    one order for a sum: a pairwise tree over a fixed number of leaves
     shards.py  the batch in virtual shards, each its own backward; the sum over dp; dropout
     chunks.py  tensor parallelism in chunks, the same chunks at every tp
+    tokens.py  the sums over tokens (LayerNorms, a row split's bias); sequence parallel
     clip.py    the clip's norm from whole gradients, in the model's order
     plan.py    what the mode asks of a mesh, refused in one line before any group
 The example: examples/gpt_nd.py --invariant (examples/break_invariant.py turns one order

@@ -19,8 +19,9 @@ power of two. The loss is summed the same way.
                   masks on every mesh
 """
 
+import weakref
+
 import torch
-import torch.distributed as dist
 
 from ..fsdp.param import unit_of
 from ..launch.usage_error import UsageError
@@ -49,7 +50,10 @@ class ShardGradients:
     def _hook(self, tensor, target):
         self.folders[tensor] = Folder()
         self.targets[tensor] = target
-        tensor.register_post_accumulate_grad_hook(self._take)
+        # A weak reference: the tensor holds its hook in C++, where the garbage collector
+        # cannot see a cycle back to it, and a strong one would keep both (and the dp group).
+        me = weakref.ref(self)
+        tensor.register_post_accumulate_grad_hook(lambda t: me()._take(t))
 
     def _take(self, tensor):
         self.folders[tensor].add(tensor.grad)

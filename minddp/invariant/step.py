@@ -42,9 +42,10 @@ import torch.nn.functional as F
 
 from ..mesh.compose import blocks_of
 from ..pp import PipelineStage, Schedule1F1B, stage_layers
-from .chunks import chunk_block, sequence_parallel_between
+from .chunks import chunk_block
 from .clip import clip_grad_norm_
 from .shards import ShardDropout, ShardGradients, shard_loss
+from .tokens import sequence_parallel_between
 
 
 def next_token_loss(logits, targets):
