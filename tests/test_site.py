@@ -256,6 +256,14 @@ def test_the_search_finds_a_lesson_by_a_word_of_its_docstring(site, chromium):
         return len({d["location"].split("#")[0] for d in index
                     if word.lower() in d["text"].lower()})
     word = min(sorted(words), key=pages_with)  # the docstring's rarest word in the site
+    lesson = " ".join(d["text"] for d in index if d["location"].startswith(LESSON[:-3] + "/"))
+    assert doc.splitlines()[0] in lesson
+    from minddp.site.side_by_side import sections
+    source = (REPO / LESSON).read_text()
+    lines = source.splitlines()
+    code = [lines[n - 1].strip() for section in sections(source, lines) for n, _ in section.code]
+    code = [line for line in code if len(line) > 30 and not set("<>&'\"") & set(line)]
+    assert code and not [line for line in code if line in lesson]  # the code is kept out
     errors = []
     page = open_page(session, url, errors)
     page.fill("input.md-search__input", word)

@@ -63,7 +63,11 @@ def parts(root=ROOT):
 
 
 def first_docstring(path):
-    return ast.get_docstring(ast.parse(pathlib.Path(path).read_text())) or ""
+    """A file's own docstring, its indented blocks kept indented (side_by_side._dedent)."""
+    tree = ast.parse(pathlib.Path(path).read_text())
+    if ast.get_docstring(tree) is None:
+        return ""
+    return side_by_side._dedent(tree.body[0].value.value, 0)
 
 
 def page_of(path):
@@ -223,7 +227,7 @@ class Writer:
     def exercises(self):
         """A page per exercise: the lesson, what to write, the starting file, the grader."""
         grade = (self.root / "docs" / "grade.md").read_text()
-        entries = ["docs/grade.md"]
+        entries = [{"docs/grade.md": "docs/grade.md"}]
         for name, exercise in EXERCISES.items():
             page = f"exercises/{name}.md"
             lesson = f"minddp/{exercise.path}"
@@ -246,10 +250,18 @@ class Writer:
                         said.group(2)]
             out += ["", "## The starting file", "",
                     f"What `minddp exercise {name}` writes, made from the lesson now:", "",
-                    '```python linenums="1"', starting_file(name).rstrip("\n"), "```", ""]
+                    self.listing(starting_file(name)), ""]
             self.write(page, "\n".join(out))
             entries.append({f"exercise: {name}": page})
         return entries
+
+    @staticmethod
+    def listing(text):
+        """A whole file as one box of numbered code, kept out of the search (a search for
+        its words should find the lesson's own page)."""
+        lines = side_by_side.highlight(text)
+        return ('<div class="sbs-code" data-search-exclude>\n'
+                + side_by_side.code_html(list(enumerate(lines, 1))) + "\n</div>")
 
     def docs_page(self, doc):
         page = f"docs/{doc.name}"

@@ -35,8 +35,23 @@ def _docstrings(tree):
                 and isinstance(body[0].value.value, str):
             first = min([node.lineno] + [d.lineno for d in node.decorator_list]) \
                 if node is not tree else 1
-            found[body[0].lineno] = (body[0].end_lineno, first, ast.get_docstring(node))
+            found[body[0].lineno] = (body[0].end_lineno, first,
+                                     _dedent(body[0].value.value, body[0].col_offset))
     return found
+
+
+def _dedent(text, indent):
+    """A docstring's lines less the indent of the code around it, and no more: a block
+    indented further stays indented (Markdown's code), which inspect.cleandoc would undo
+    where every line after the first is such a block."""
+    lines = text.expandtabs().splitlines()
+    lines = [lines[0].strip()] + [line[min(indent, len(line) - len(line.lstrip())):].rstrip()
+                                  for line in lines[1:]]
+    while lines and not lines[-1]:
+        lines.pop()
+    while lines and not lines[0]:
+        lines.pop(0)
+    return "\n".join(lines)
 
 
 def _comment_lines(source):
