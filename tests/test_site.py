@@ -1,12 +1,12 @@
 """The course as a site: built strictly from the repository, then read in headless Chromium.
 
     pytest tests/test_site.py                                # needs pip install -e ".[site]"
-    MINDDP_SITE_SHOTS=docs/ pytest tests/test_site.py -k screenshots    # docs/site.md's pictures
+    MINDDP_SITE_SHOTS=docs/ pytest tests/test_site.py -k chromium    # docs/site.md's pictures
 
 - The build is strict: a page for every file of the reading order, every exercise and every
   docs page; a link to nothing, a missing anchor or a file of the reading order that is gone
   stops it (each tried here on purpose).
-- In Chromium (Debian's; skipped with one line where there is none), every page loads
+- In Chromium (Debian's; one test, skipped with one line where there is none), every page loads
   without a console error or a failed request, every image shows, every internal link and
   anchor resolves (external ones are only checked to be well-formed), a lesson's comment and
   code boxes stand side by side at the same height with the file's own lines and numbers,
@@ -119,19 +119,35 @@ def test_a_bad_command_is_refused_in_one_line(capsys):
         assert err.startswith("error: ") and err.count("\n") == 2, err
 
 
-# In the browser.
+# In the browser: one test, every check run and each failure named, so that a machine
+# without Chromium skips it in one line.
 
-@pytest.fixture(scope="module")
-def chromium(site, tmp_path_factory):
-    if EXTRA:
-        pytest.skip(EXTRA)
+@needs_extra
+def test_the_site_as_a_reader_sees_it_in_headless_chromium(site, tmp_path):
     if not shutil.which(CHROMIUM):
         pytest.skip(f"no chromium at {CHROMIUM}: apt-get install chromium (CI installs it)")
     from minddp.site import browser
-    profile = tmp_path_factory.mktemp("chromium")
+    profile = tmp_path / "chromium"
+    profile.mkdir()
+    shots = pathlib.Path(os.environ.get("MINDDP_SITE_SHOTS") or tmp_path)
+    failures = []
     with browser.served(site) as url, browser.chromium(CHROMIUM, LIMIT_S, profile) as session:
-        yield url, session
+        crawl = _crawl(site, url, session)
+        checks = {
+            "every page loads without a console error": lambda: _no_error(crawl),
+            "every image and link resolves": lambda: _resolves(crawl, url),
+            "a lesson shows comment and code side by side": lambda: _side_by_side(url, session),
+            "the search finds a lesson by a word of its docstring":
+                lambda: _search(site, url, session),
+            "screenshots of three pages": lambda: _screenshots(url, session, shots),
+        }
+        for name, check in checks.items():
+            try:
+                check()
+            except AssertionError as err:
+                failures.append(f"{name}: {err}")
     assert not _alive(profile), "a chromium process was left behind"
+    assert not failures, "\n".join(failures)
 
 
 def _alive(profile):
@@ -148,11 +164,9 @@ def _alive(profile):
     return found
 
 
-@pytest.fixture(scope="module")
-def crawl(site, chromium):
+def _crawl(site, url, session):
     """Every page of the site opened once: {url: (errors, ids, links, broken images)}."""
     from minddp.site.browser import open_page
-    url, session = chromium
     pages = sorted(p.relative_to(site).parent.as_posix() + "/"
                    for p in site.rglob("index.html"))
     found, errors = {}, []
@@ -171,16 +185,13 @@ def crawl(site, chromium):
     return found
 
 
-@needs_extra
-def test_every_page_loads_without_a_console_error(crawl):
-    assert len(crawl) > 100
+def _no_error(crawl):
+    assert len(crawl) > 100, len(crawl)
     bad = {url: errors for url, (errors, _, _, _) in crawl.items() if errors}
     assert not bad, bad
 
 
-@needs_extra
-def test_every_image_and_link_resolves(crawl, chromium):
-    url = chromium[0]
+def _resolves(crawl, url):
     assert not {u: images for u, (_, _, _, images) in crawl.items() if images}
     checked, bad = {}, []
     for where, (_, _, links, _) in crawl.items():
@@ -211,10 +222,8 @@ def _status(url):
         return err.code
 
 
-@needs_extra
-def test_a_lesson_shows_comment_and_code_side_by_side(chromium):
+def _side_by_side(url, session):
     from minddp.site.browser import open_page
-    url, session = chromium
     errors = []
     page = open_page(session, url + LESSON[:-3] + "/", errors)
     rows = page.evaluate("""() => [...document.querySelectorAll('.sbs-row')].map(row => {
@@ -228,7 +237,7 @@ def test_a_lesson_shows_comment_and_code_side_by_side(chromium):
                           l.innerText.slice(l.querySelector('.sbs-n').innerText.length)])};
     })""")
     page.close()
-    assert len(rows) > 5 and not errors
+    assert len(rows) > 5 and not errors, (len(rows), errors)
     source = (REPO / LESSON).read_text().splitlines()
     shown = 0
     for row in rows:
@@ -243,23 +252,20 @@ def test_a_lesson_shows_comment_and_code_side_by_side(chromium):
     assert shown > len(source) // 2
 
 
-@needs_extra
-def test_the_search_finds_a_lesson_by_a_word_of_its_docstring(site, chromium):
+def _search(site, url, session):
     import ast
     from minddp.site.browser import open_page
-    url, session = chromium
+    from minddp.site.side_by_side import sections
     index = json.loads((site / "search" / "search_index.json").read_text())["docs"]
-    doc = ast.get_docstring(ast.parse((REPO / LESSON).read_text()))
-    words = {w for w in re.findall(r"[A-Za-z]{6,}", doc)}
+    source = (REPO / LESSON).read_text()
+    doc = ast.get_docstring(ast.parse(source))
 
     def pages_with(word):
         return len({d["location"].split("#")[0] for d in index
                     if word.lower() in d["text"].lower()})
-    word = min(sorted(words), key=pages_with)  # the docstring's rarest word in the site
+    word = min(sorted(set(re.findall(r"[A-Za-z]{6,}", doc))), key=pages_with)  # the rarest
     lesson = " ".join(d["text"] for d in index if d["location"].startswith(LESSON[:-3] + "/"))
     assert doc.splitlines()[0] in lesson
-    from minddp.site.side_by_side import sections
-    source = (REPO / LESSON).read_text()
     lines = source.splitlines()
     code = [lines[n - 1].strip() for section in sections(source, lines) for n, _ in section.code]
     code = [line for line in code if len(line) > 30 and not set("<>&'\"") & set(line)]
@@ -271,15 +277,12 @@ def test_the_search_finds_a_lesson_by_a_word_of_its_docstring(site, chromium):
     hrefs = page.eval_on_selector_all(".md-search-result__item a", "as => as.map(a => a.href)")
     page.close()
     assert any(h.split("#")[0] == url + LESSON[:-3] + "/" for h in hrefs), (word, hrefs)
-    assert not errors
+    assert not errors, errors
 
 
-@needs_extra
-def test_screenshots_of_three_pages(chromium, tmp_path):
+def _screenshots(url, session, directory):
     # MINDDP_SITE_SHOTS=docs/ makes docs/site.md's pictures (minddp site shots docs/: the same)
     from minddp.site import browser
-    directory = pathlib.Path(os.environ.get("MINDDP_SITE_SHOTS") or tmp_path)
-    url, session = chromium
     written = browser.screenshots(session, url, directory)
     assert [p.name for p in written] == list(browser.SHOTS)
     for path in written:

@@ -56,11 +56,21 @@ def served(folder):
         thread.join()
 
 
-def serve_forever(folder, port):
-    """`minddp site serve`: until Ctrl-C (one line, `interrupted`, status 130)."""
-    server = _server(folder, port)
+def bind(folder, port):
+    """`minddp site serve`'s server, its port taken (OSError if another holds it)."""
+    return _server(folder, port)
+
+
+def serve_forever(server, folder, port):
+    """`minddp site serve`: until Ctrl-C, the usual way to stop a server (one line, status 0)."""
     print(f"serving {folder} at http://127.0.0.1:{port}/ (Ctrl-C stops)", flush=True)
-    server.serve_forever()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # not the examples' handler
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+    finally:
+        server.server_close()
 
 
 @contextlib.contextmanager
@@ -75,7 +85,12 @@ def chromium(executable="/usr/bin/chromium", limit=600, profile=None):
         [executable, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
          "about:blank"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True)
-    watchdog = threading.Timer(limit, _kill, (process,))
+    fired = threading.Event()
+
+    def hang():
+        fired.set()
+        _kill(process)
+    watchdog = threading.Timer(limit, hang)
     watchdog.daemon = True
     watchdog.start()
     try:
@@ -88,6 +103,10 @@ def chromium(executable="/usr/bin/chromium", limit=600, profile=None):
             finally:
                 with contextlib.suppress(Exception):
                     browser.close()
+    except Exception as err:
+        if fired.is_set():
+            raise TimeoutError(f"chromium killed at its hard limit, {limit} s: a hang") from err
+        raise
     finally:
         watchdog.cancel()
         _kill(process)

@@ -153,6 +153,15 @@ def main(argv=None):
         print(f"error: --out {args.out}: {not_a_site(args.out)}\n---> HINT: a new or empty"
               " folder (the default: build/site)", file=sys.stderr)
         return 2
+    server = None
+    if args.command == "serve":  # the port first: a port in use costs no build
+        from .browser import bind
+        try:
+            server = bind(args.out, args.port)
+        except OSError as err:
+            print(f"error: port {args.port}: {err.strerror}\n---> HINT: another port:"
+                  f" minddp site serve --port {args.port + 1}", file=sys.stderr)
+            return 2
     try:
         if args.command == "shots":
             return _shots(args)
@@ -169,9 +178,9 @@ def main(argv=None):
               file=sys.stderr)
         return 1
     print(f"built {count} pages into {args.out} in {seconds:.1f} s")
-    if args.command == "serve":
+    if server is not None:
         from .browser import serve_forever
-        serve_forever(args.out, args.port)
+        serve_forever(server, args.out, args.port)
     return 0
 
 

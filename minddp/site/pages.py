@@ -100,7 +100,6 @@ class Writer:
                 self.pages[path] = page_of(path)
         for doc in sorted((self.root / "docs").glob("*.md")):
             self.pages[f"docs/{doc.name}"] = f"docs/{doc.name}"
-        self.nav = []
 
     def write(self, page, text):
         target = self.out / page
@@ -124,7 +123,7 @@ class Writer:
         exercises = self.exercises()
         placed = {f"docs/{d}" for part in self.parts for d in part.docs} | {"docs/grade.md"}
         self.readme()
-        more = ["readme.md"] + [{f"docs/{d.name}": f"docs/{d.name}"}
+        more = [{"README.md": "readme.md"}] + [{f"docs/{d.name}": f"docs/{d.name}"}
                                 for d in sorted((self.root / "docs").glob("*.md"))
                                 if f"docs/{d.name}" not in placed]
         for doc in sorted((self.root / "docs").glob("*.md")):
@@ -147,6 +146,7 @@ class Writer:
                 idea = first_docstring(self.root / part.files[0]).splitlines()[0]
             else:
                 idea = part.heading
+            idea = side_by_side.prose_markdown([idea], self.linker("index.md"))
             rows.append(f"| [{part.title}]({first}) | {idea} | {len(part.files)} |")
         text = (f"{self.autolink(intro, 'index.md')}\n\n## Set up\n{setup}\n"
                 "## The course, in the reading order\n\n"
@@ -186,7 +186,8 @@ class Writer:
         rows = ["| # | file | lines | idea |", "| --- | --- | --- | --- |"]
         for number, file in enumerate(part.files, 1):
             if file != path:
-                idea = first_docstring(self.root / file).splitlines()[0]
+                idea = side_by_side.prose_markdown(
+                    first_docstring(self.root / file).splitlines()[:1], lambda p: None)
                 lines = len((self.root / file).read_text().splitlines())
                 target = relative(self.pages[file], page)
                 rows.append(f"| {number} | [`{file}`]({target}) | {lines} | {idea} |")
@@ -244,7 +245,7 @@ class Writer:
             if row:
                 out += ["", "## What the grader checks", "", row.get("graded against", ""),
                         "", "(from [docs/grade.md](../docs/grade.md))"]
-            said = re.search(rf"\n### {re.escape(name)}: (.*?)\n(.*?)(?=\n#)", grade, re.S)
+            said = re.search(rf"\n### {re.escape(name)}: (.*?)\n(.*?)(?=\n#+ )", grade, re.S)
             if said:
                 out += ["", f"## What the grader says to a mistake: {said.group(1)}",
                         said.group(2)]
