@@ -17,6 +17,7 @@ import pathlib
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -37,9 +38,16 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        # A reader who moves on before a file is sent closes the connection: not an error.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 def _server(folder, port):
     handler = functools.partial(_Quiet, directory=str(folder))
-    return http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    return _Server(("127.0.0.1", port), handler)
 
 
 @contextlib.contextmanager
