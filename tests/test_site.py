@@ -102,6 +102,34 @@ def test_a_file_of_the_reading_order_renamed_fails_the_build(tmp_path):
         site_build.build(tmp_path / "out", root=root)
 
 
+def test_a_file_is_cut_into_sections_prose_beside_its_code():
+    from minddp.site.side_by_side import sections
+    source = ('"""The module."""\n\nimport os\n\n\ndef f(): """a one-liner stays code"""\n\n\n'
+              '# Why g:\n# two lines.\n@staticmethod\ndef g(x):\n    """G\'s own doc.\n\n'
+              '        an indented block\n    """\n    return x  # why, on its line\n\n\n'
+              'class A:\n    """A."""\n    # inside\n    y = 1\n')
+    found = [(s.prose, [n for n, _ in s.code]) for s in sections(source, source.splitlines())]
+    assert found == [
+        (["The module."], [3, 4, 5, 6]),
+        (["Why g:", "two lines.", "", "G's own doc.", "", "    an indented block"], [11, 12, 17]),
+        (["A."], [20]),
+        (["inside"], [23])]
+    assert sections(source, source.splitlines())[1].code[-1][1].endswith("# why, on its line")
+
+
+def test_prose_stays_plain_text_its_paths_linked():
+    from minddp.site.side_by_side import prose_markdown
+    pages = {"minddp/ddp/naive.py": "../ddp/naive.md"}
+    text = prose_markdown(["Read minddp/ddp/naive.py and `minddp/ddp/naive.py`: __init__,",
+                           "f(*args, **kwargs), the *average*, a <b> and [x](y):",
+                           "    code", "- a list at once"], pages.get)
+    assert text.splitlines() == [
+        "Read [`minddp/ddp/naive.py`](../ddp/naive.md) and"
+        " [`minddp/ddp/naive.py`](../ddp/naive.md): \\_\\_init\\_\\_,",
+        "f(\\*args, \\*\\*kwargs), the *average*, a &lt;b\\> and \\[x\\](y):",
+        "", "    code", "", "- a list at once"]
+
+
 def test_the_command_without_its_extra_says_so_in_one_line(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "mkdocs", None)  # as if not installed
     assert site_build.main(["build", "--out", str(pathlib.Path("build") / "no-site")]) == 1

@@ -32,7 +32,8 @@ def _docstrings(tree):
     for node in owners:
         body = node.body
         if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
+                and isinstance(body[0].value.value, str) \
+                and (node is tree or body[0].lineno > node.lineno):  # `def f(): """x"""`: code
             first = min([node.lineno] + [d.lineno for d in node.decorator_list]) \
                 if node is not tree else 1
             found[body[0].lineno] = (body[0].end_lineno, first,
@@ -144,8 +145,7 @@ def prose_markdown(lines, link):
         if indented and before.strip() and not before.startswith(("    ", "\t")) \
                 and not _is_item(before):
             out.append("")  # Markdown wants a blank line before an indented code block
-        elif _is_item(line) and before.strip() and not _is_item(before) \
-                and not before.startswith(" "):
+        elif _is_item(line) and before.strip() and not _in_item(out):
             out.append("")  # and before a list
         elif line.strip() and not line.startswith((" ", "\t")) and not _is_item(line) \
                 and before.strip() and (before.startswith(("    ", "\t")) or _in_item(out)):
