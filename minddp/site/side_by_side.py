@@ -122,7 +122,9 @@ def highlight(source):
 
 
 def code_html(code):
-    """A section's code: each line its real number (an anchor, #L12) and its text."""
+    """A section's code: each line its real number (an anchor, #L12) and its text. One
+    inner div only: Material's search ends a data-search-exclude at the first </div>
+    inside it (its parser tells elements apart by tag), so a second one would leak."""
     rows = [f'<span class="sbs-line" id="L{n}"><a class="sbs-n" href="#L{n}">{n}</a>'
             f'{text}</span>' for n, text in code]
     return ('<div class="highlight"><pre><code>' + "\n".join(rows) + "</code></pre></div>")
