@@ -19,6 +19,7 @@ COMMANDS = {  # subcommand: (module, what it does)
     "diff": ("minddp.tools.diff", "compare two gradient tables, element by element"),
     "exercise": ("minddp.grader.writer", "a lesson with its ideas taken out, for a student"),
     "grade": ("minddp.grader.grade", "a student's lesson file against stock, bit for bit"),
+    "site": ("minddp.site.build", "the course as a web site: build, serve, screenshots"),
     "timeline": ("minddp.bench.timeline", "when backward computes and each all-reduce runs"),
     "bench": ("minddp.bench.ddp", "step time: naive, bucketed and stock DDP, as ratios"),
     "zero-bench": ("minddp.bench.zero", "ZeRO-1: optimizer state per rank, step time"),
