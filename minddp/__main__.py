@@ -27,6 +27,8 @@ COMMANDS = {  # subcommand: (module, what it does)
     "tp-bench": ("minddp.bench.tp", "tensor parallel vs stock: bytes sent, memory, step time"),
     "pp-bench": ("minddp.bench.pp", "pipeline vs stock: the bubble per stage, activations"),
     "mesh-bench": ("minddp.bench.mesh", "every mesh of 4 and 8 ranks: held and sent per rank"),
+    "invariant-bench": ("minddp.bench.invariant", "the invariant mode beside the normal one:"
+                        " step time, memory per mesh"),
     "pp-schedules": ("minddp.tools.pipeline_slots", "every pipeline schedule laid out: bubble,"
                      " activations alive"),
     "elastic-bench": ("minddp.bench.elastic", "the ordered reduction vs all_reduce: bytes, time"),

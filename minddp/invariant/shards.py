@@ -65,9 +65,14 @@ class ShardGradients:
         shards: set as .grad (fully_shard: this rank's rows). Returns {name: the whole
         gradient over dp} (this rank's tp slice, where tp splits it)."""
         whole = {}
-        for tensor, folder in self.folders.items():
+        # Every weight's sum in one buffer, one tree over dp: each element is added on its
+        # own, so the buffer changes no bit, only the number of collectives.
+        mine = {tensor: folder.total() for tensor, folder in self.folders.items()}
+        flat = tree_sum([torch.cat([g.reshape(-1) for g in mine.values()])], self.dp_group)
+        flat = flat.div_(self.shards).split([g.numel() for g in mine.values()])
+        for (tensor, g), piece in zip(mine.items(), flat):
             name, unit, p = self.targets[tensor]
-            grad = tree_sum([folder.total()], self.dp_group).div_(self.shards)
+            grad = piece.view_as(g)
             whole[name] = grad
             if unit is None:
                 tensor.grad = grad

@@ -77,5 +77,11 @@ def tree_sum(parts, group=None):
                          same_on_every_rank=True)
     if group is not None and dist.get_world_size(group) > 1:
         total = total.clone()  # summed in place: never the caller's leaf
-        halving_doubling_all_reduce(total, group=group)
+        if dist.get_world_size(group) == 2:
+            # One addition per element, and a + b is b + a: any order is the tree's, and
+            # gloo's own all_reduce (in C++) gives its bits sooner. From 4 ranks its ring
+            # adds in an order of its own.
+            dist.all_reduce(total, group=group)
+        else:
+            halving_doubling_all_reduce(total, group=group)
     return total
