@@ -176,7 +176,8 @@ def main_invariant(env, args):
     training = InvariantTraining(model, mesh, dp=args.dp, shards=args.shards,
                                  fully_shard=LIBRARIES["manual"].fully_shard,
                                  chunks=args.chunks, batch=args.batch, seed=args.seed,
-                                 sequence_parallel=args.sequence_parallel, dropout=args.dropout)
+                                 sequence_parallel=args.sequence_parallel, dropout=args.dropout,
+                                 recompute=POLICIES[args.recompute])
     optimizer = torch.optim.AdamW(training.stage.parameters(), lr=1e-2, foreach=False)
     grad_table = GradTable(model, args.grad_table)
     prints = training.last and all(c == 0 for n, c in zip(args.names, mesh.get_coordinate())

@@ -5,7 +5,7 @@
 The small GPT of examples/gpt_nd.py trains 5 AdamW steps in invariant mode on every mesh of
 dp in {1, 2, 4} x tp in {1, 2} x pp in {1, 2} up to 4 ranks (the shared spawns of 1, 2 and
 4 ranks) and of 8 ranks (the 8-rank spawn), each with fully_shard and with DDP along dp,
-sequence parallel on, --clip and dropout on. Every step's loss, every whole gradient, and
+sequence parallel, --clip, dropout and recomputation on in turn. Every step's loss, every whole gradient, and
 after the last step every whole weight and AdamW state must be torch.equal to the run in
 one process. Unit checks of the tree, the chunks and the refusals run in this process.
 """
@@ -30,9 +30,10 @@ STEPS = 5
 SHAPES = {1: [(1, 1, 1)], 2: [(2, 1, 1), (1, 2, 1), (1, 1, 2)],
           4: [(4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 2, 2)],
           8: [(4, 2, 1), (4, 1, 2), (2, 2, 2)]}
-# name: (dp, tied, clip, dropout, sequence parallel)
-CONFIGS = {"fsdp": ("fsdp", False, 0.1, 0.1, True), "ddp": ("ddp", False, 0.1, 0.1, True),
-           "tied, plain tp": ("fsdp", True, None, 0.0, False)}
+# name: (dp, tied, clip, dropout, sequence parallel, recompute)
+CONFIGS = {"fsdp": ("fsdp", False, 0.1, 0.1, True, "none"),
+           "ddp, selective recompute": ("ddp", False, 0.1, 0.1, True, "selective"),
+           "tied, plain tp, full recompute": ("fsdp", True, None, 0.1, False, "full")}
 
 
 def _mesh(shape):
@@ -60,14 +61,16 @@ def _train(shape, config):
     exp_avg_sq)}) for the weights this rank's stage holds."""
     from minddp.invariant.step import InvariantTraining
     from minddp.tp.plan import sliced
-    dp, tied, clip, dropout, sp = CONFIGS[config]
+    from minddp.memory.recompute import POLICIES
+    dp, tied, clip, dropout, sp, recompute = CONFIGS[config]
     if tied and shape[2] > 1:
         return None  # a tied embedding does not split over stages (gpt_nd.py refuses it)
     torch.manual_seed(0)
     model = gpt(**SIZES, blocks=2, tied=tied)
     training = InvariantTraining(model, _mesh(shape), dp=dp, shards=8, chunks=4, batch=8,
                                  fully_shard=LIBRARIES["manual"].fully_shard, seed=0,
-                                 sequence_parallel=sp, dropout=dropout)
+                                 sequence_parallel=sp, dropout=dropout,
+                                 recompute=POLICIES[recompute])
     named = dict(training.stage.named_parameters())
     optimizer = torch.optim.AdamW(named.values(), lr=1e-2, foreach=False)
     cuts = sliced(model)

@@ -20,9 +20,6 @@ def check_invariant(args, sizes, dims):
     if args.impl != "manual":
         _refuse("--invariant with --impl stock: stock has no invariant mode",
                 "drop --impl stock (the invariant mode is minddp's own)")
-    if args.recompute != "none":
-        _refuse("--invariant with --recompute: not implemented",
-                "drop --recompute (the invariant mode keeps every activation)")
     for name in ("dp", "tp"):
         if not is_power_of_two(dims.get(name, 1)):
             _refuse(f"--invariant --mesh {args.mesh}: {name}={dims[name]} is not a power of"

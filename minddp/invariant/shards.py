@@ -88,8 +88,9 @@ def shard_loss(losses, dp_group, shards):
 
 
 class ShardDropout:
-    """Residual dropout whose mask depends on (seed, step, shard, layer, branch) alone: drawn
-    whole for the shard's tokens, then cut to this rank's tokens under sequence parallel."""
+    """Residual dropout whose masks depend on (seed, step, shard, block) alone: before each
+    block runs, the generator is seeded with them; each mask is drawn whole for the shard's
+    tokens, then cut to this rank's tokens under sequence parallel."""
 
     def __init__(self, p, seed, first_shard, tokens=(1, 0)):
         self.p, self.seed, self.first = p, seed, first_shard
@@ -102,16 +103,22 @@ class ShardDropout:
     def next_shard(self, module, args):
         self.shard += 1  # a stage's forwards come in microbatch order (GPipe, 1F1B)
 
-    def layer(self, index):
-        """drop(y, branch) for block `index` (its place in the whole model, on any stage)."""
-        def drop(y, branch):
-            if not self.p:
-                return y
-            # A number of its own for every (seed, step, shard, block, branch): no hash(),
-            # which Python salts anew in every process.
-            key = (((self.seed * 10**5 + self.step) * 10**4 + self.shard) * 10**3 + index) * 2
-            g = torch.Generator().manual_seed((key + ("attn", "mlp").index(branch)) % 2**63)
-            whole = (y.shape[0], y.shape[1] * self.parts, *y.shape[2:])
-            keep = torch.empty(whole).bernoulli_(1 - self.p, generator=g)
-            return y * (keep.chunk(self.parts, 1)[self.part] / (1 - self.p))
-        return drop
+    def seed_block(self, index):
+        """A forward pre-hook for block `index` (its place in the whole model, on any
+        stage). The global generator, not one of its own: a block under recomputation
+        (memory/recompute.py) runs again in backward, later, with that generator's state
+        put back, and draws the same masks; its own seed read then would be a later
+        shard's."""
+        def hook(module, args):
+            if self.p:  # a number of its own for each: no hash(), salted in every process
+                key = ((self.seed * 10**5 + self.step) * 10**4 + self.shard) * 10**3 + index
+                torch.manual_seed(key % 2**63)
+        return hook
+
+    def drop(self, y, branch):
+        """y with this block's next mask applied (the attention's, then the MLP's)."""
+        if not self.p:
+            return y
+        whole = (y.shape[0], y.shape[1] * self.parts, *y.shape[2:])
+        keep = torch.empty(whole).bernoulli_(1 - self.p)
+        return y * (keep.chunk(self.parts, 1)[self.part] / (1 - self.p))

@@ -40,6 +40,7 @@ that splits a sum over threads adds in the threads' order).
 import torch
 import torch.nn.functional as F
 
+from ..memory.recompute import checkpoint_module
 from ..mesh.compose import blocks_of
 from ..pp import PipelineStage, Schedule1F1B, stage_layers
 from .chunks import chunk_block
@@ -57,10 +58,11 @@ class InvariantTraining:
     """`model` (bench/transformer.py's gpt) on `mesh` (dimensions of pp, dp, tp), trained in
     one order: the same bits on every mesh, the same as one process. Collective.
     dp="fsdp": the weights sharded by `fully_shard` (minddp.fully_shard, which shards a tied
-    weight once), its sum replaced by ours; "ddp": whole on every rank."""
+    weight once), its sum replaced by ours; "ddp": whole on every rank. recompute: each
+    block under memory/recompute.py's checkpoint, these ops saved (() full)."""
 
     def __init__(self, model, mesh, *, dp="fsdp", fully_shard=None, shards=8, chunks=4,
-                 batch=8, sequence_parallel=False, dropout=0.0, seed=0):
+                 batch=8, sequence_parallel=False, dropout=0.0, seed=0, recompute=None):
         torch.set_num_threads(1)  # a sum split over threads would add in their order
         size = {n: mesh.size(n) for n in mesh.mesh_dim_names}
         group = {n: mesh.get_group(n) if size[n] > 1 else None for n in size}
@@ -79,7 +81,10 @@ class InvariantTraining:
         self.dropout = ShardDropout(dropout, seed, self.dp_rank * self.here, tp_place)
         for index, block in enumerate(blocks_of(model)):
             if any(block is m for m in stage.modules()):
-                chunk_block(block, chunks, tp_group, sp, self.dropout.layer(index))
+                chunk_block(block, chunks, tp_group, sp, self.dropout.drop)
+                if recompute is not None:  # after the chunks: the second forward runs them
+                    checkpoint_module(block, save_ops=recompute)
+                block.register_forward_pre_hook(self.dropout.seed_block(index))
         if sp:
             held = [m if any(m is s for s in stage) else None for m in (model[0], model[-1])]
             sequence_parallel_between(*held, tp_group)
