@@ -20,6 +20,8 @@ COMMANDS = {  # subcommand: (module, what it does)
     "exercise": ("minddp.grader.writer", "a lesson with its ideas taken out, for a student"),
     "grade": ("minddp.grader.grade", "a student's lesson file against stock, bit for bit"),
     "site": ("minddp.site.build", "the course as a web site: build, serve, screenshots"),
+    "fuzz": ("minddp.fuzz.fuzz", "models and meshes drawn, each in invariant mode beside one"
+             " process: the first difference"),
     "timeline": ("minddp.bench.timeline", "when backward computes and each all-reduce runs"),
     "bench": ("minddp.bench.ddp", "step time: naive, bucketed and stock DDP, as ratios"),
     "zero-bench": ("minddp.bench.zero", "ZeRO-1: optimizer state per rank, step time"),

@@ -31,7 +31,8 @@ SHAPES = {1: [(1, 1, 1)], 2: [(2, 1, 1), (1, 2, 1), (1, 1, 2)],
           8: [(4, 2, 1), (4, 1, 2), (2, 2, 2)]}
 # name: (dp, tied, clip, dropout, sequence parallel, recompute, vocabulary)
 CONFIGS = {"fsdp": ("fsdp", False, 0.1, 0.1, True, "none", 32),
-           "ddp, selective recompute": ("ddp", False, 0.1, 0.1, True, "selective", 32),
+           "ddp, vocabulary 30, selective recompute": ("ddp", False, 0.1, 0.1, True,
+                                                       "selective", 30),
            "tied, vocabulary 30, plain tp, full recompute": ("fsdp", True, None, 0.1, False,
                                                              "full", 30)}
 

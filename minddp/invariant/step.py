@@ -85,7 +85,8 @@ class InvariantTraining:
                 block.register_forward_pre_hook(self.dropout.seed_block(index))
         held = [m if any(m is s for s in stage) else None for m in (model[0], model[-1])]
         vocab = model[0].wte.num_embeddings  # (the whole model: any stage knows it)
-        self.loss_fn = chunk_vocabulary(*held, chunks, vocab, tp_group)
+        elsewhere = [t for m, t in zip(held, (model[0].wte, model[-1].lm_head)) if m is None]
+        self.loss_fn = chunk_vocabulary(*held, chunks, vocab, tp_group, elsewhere)
         if sp:
             sequence_parallel_between(*held, tp_group)
         if dp == "fsdp" and self.dp > 1:  # 3. dp: sharded weights; the sum is ours (shards.py)

@@ -90,12 +90,15 @@ def _size(group):
     return 1 if group is None else dist.get_world_size(group)
 
 
-def chunk_vocabulary(embedding, head, chunks, vocab, tp_group=None):
+def chunk_vocabulary(embedding, head, chunks, vocab, tp_group=None, elsewhere=()):
     """Collective over tp: `embedding` and `head` (bench/transformer.py's; either None on a
     pipeline stage without it) on this rank's C / tp chunks of the vocabulary's rows.
-    Returns loss_fn(hidden, targets), the head's output layer inside it."""
+    Returns loss_fn(hidden, targets), the head's output layer inside it. elsewhere: the
+    tables another stage holds, padded here too (a gradient table names their whole shape)."""
     tp = _size(tp_group)
     size = math.ceil(vocab / chunks)  # rows per chunk, the padding in the last ones
+    for module in elsewhere:
+        _slice(module, "weight", size * chunks, 0, None)
     mine, rows = chunks // tp, size * (chunks // tp)
     first = rows * (0 if tp_group is None else dist.get_rank(tp_group))
     tied = (embedding is not None and head is not None
