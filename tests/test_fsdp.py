@@ -295,6 +295,7 @@ def test_a_mistake_is_one_line(mistake, message):
 # HSDP: minddp.fully_shard on a 2-D mesh (dim 0 replicates, dim 1 shards) beside stock's.
 HSDP_NAMES = ("dp_replicate", "dp_shard")
 HSDP_MODELS = {"mlp": (mlp, lambda m: [m[0], m[2], m[4]]),  # rows 7, 5, 3: padded at 2 and 4
+               "mlp-fp16": (lambda: mlp().half(), lambda m: [m[0], m[2], m[4]]),
                "blocks": (lambda: nn.Sequential(GPTBlock(), GPTBlock()), list)}
 # (model, mesh shape, variant): fp32; bf16 compute, fp32 reduce; 2 microbatches a step, the
 # first with set_requires_gradient_sync(False); the blocks kept whole after forward
@@ -407,6 +408,24 @@ def _hsdp_whole(rank, folder):
     return differ
 
 
+def _hsdp_fp16(rank):
+    """float16 gradients whose sum over 4 ranks passes float16's largest (65504): stock
+    divides by 2 before the sum and by 2 after (divide_factors), and stays finite.
+    Per mesh: (equal to stock's, stock's all finite, stock's largest |gradient|)."""
+    seen = {}
+    for shape in ((1, 4), (4, 1)):
+        grads = []
+        for model in _hsdp_both("mlp-fp16", shape, "fp32"):
+            x = _hsdp_batch("mlp", 0, 0, rank)[0].half()
+            (model(x).float().sum() * 5000).backward()  # the last bias' gradient: 4 x 5000
+            grads.append({n: p.grad.to_local() for n, p in model.named_parameters()})
+        stock, ours = grads
+        seen[shape] = (all(torch.equal(stock[n], ours[n]) for n in stock),
+                       all(bool(g.isfinite().all()) for g in stock.values()),
+                       max(float(g.abs().max()) for g in stock.values() if g.numel()))
+    return seen
+
+
 def _same(a, b):
     """a == b, tensors by torch.equal, nested in dicts and tuples."""
     if isinstance(a, dict):
@@ -418,7 +437,7 @@ def _same(a, b):
 
 def _hsdp(rank, world_size, folder):
     return {"cases": {case: _hsdp_case(rank, *case) for case in HSDP_CASES},
-            "whole": _hsdp_whole(rank, folder)}
+            "whole": _hsdp_whole(rank, folder), "fp16": _hsdp_fp16(rank)}
 
 
 HSDP_FOLDER = tempfile.mkdtemp(prefix="minddp-hsdp-")  # the checkpoints: every rank writes
@@ -435,6 +454,14 @@ def test_hsdp_on_a_2d_mesh_is_bitwise_stocks(case):
 def test_hsdp_whole_tensors_clip_and_checkpoint_are_stocks():
     for rank, out in enumerate(shared_results(_hsdp, 4)):
         assert out["whole"] == [], f"rank {rank}: {out['whole']}"
+
+
+@pytest.mark.parametrize("shape", [(1, 4), (4, 1)])
+def test_hsdp_in_float16_divides_before_and_after_the_sum_as_stock(shape):
+    seen = [out["fp16"][shape] for out in shared_results(_hsdp, 4)]
+    assert all(equal and finite for equal, finite, _ in seen), seen
+    # the case bites: 4 ranks' values of this size, summed in float16, are inf
+    assert max(largest for _, _, largest in seen) * 4 > torch.finfo(torch.float16).max, seen
 
 
 @pytest.mark.parametrize("shape, names, message", [
