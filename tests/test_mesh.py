@@ -151,7 +151,8 @@ EIGHT = {"hsdp 2 x 2 x tp+sp": (SP_PLAN, _hsdp, True, 1)}  # (in the 8-rank spaw
 # The mesh of each HSDP composition: fully_shard on the 2-D (dp_replicate, dp_shard) slice
 HSDP_NAMES = ("dp_replicate", "dp_shard", "tp")
 MESH_OF = {"hsdp 2 x 1 x tp+sp, 2 microbatches": ((2, 1, 2), HSDP_NAMES),
-           "hsdp 1 x 2 x tp+sp": ((1, 2, 2), HSDP_NAMES), "hsdp 2 x 2 x tp+sp": ((2, 2, 2), HSDP_NAMES)}
+           "hsdp 1 x 2 x tp+sp": ((1, 2, 2), HSDP_NAMES),
+           "hsdp 2 x 2 x tp+sp": ((2, 2, 2), HSDP_NAMES)}
 
 
 def _composition(rank, world_size, name, steps=3):
@@ -422,7 +423,7 @@ def test_an_unknown_dimension_names_the_known_ones():
         mesh.get_group()
     assert mesh["dp", "tp"].mesh.tolist() == [[0, 1], [2, 3]]
     assert mesh[("dp", "tp")].get_coordinate() == [1, 1]
-    with pytest.raises(UsageError, match=r"^mesh\[\('tp', 'dp'\)\]: dimensions go in the mesh's order"):
+    with pytest.raises(UsageError, match=r"^mesh\[\('tp', 'dp'\)\]: dimensions go in the mesh"):
         mesh["tp", "dp"]  # stock refuses it too (a KeyError)
 
 

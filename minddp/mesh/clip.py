@@ -43,6 +43,7 @@ def weight_norms(module, mesh):
     """{group: [norm of each gradient]} in module.parameters() order. A group is what stock
     keeps on one mesh: the weights of TP'd layers (a part or a copy over tp), the rest."""
     names = mesh.mesh_dim_names
+    shard = "dp_shard" if "dp_shard" in names else "dp"  # HSDP: a copy over dp_replicate
     groups, seen = {}, set()
     for layer in module.modules():
         for attr, p in layer.named_parameters(recurse=False):
@@ -51,8 +52,8 @@ def weight_norms(module, mesh):
             seen.add(id(p))
             grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             norm = torch.linalg.vector_norm(grad, 2.0)
-            if isinstance(p.grad, DTensor) and "dp" in names:  # fully_shard's block of rows
-                norm = _whole(norm, mesh["dp"].get_group())
+            if isinstance(p.grad, DTensor) and shard in names:  # fully_shard's block of rows
+                norm = _whole(norm, mesh[shard].get_group())
             tp_layer = layer in SLICES
             if tp_layer and attr in SLICES[layer]:  # TP's slice (a copy, bias: as it is)
                 norm = _whole(norm, mesh["tp"].get_group())
