@@ -176,7 +176,8 @@ def mesh_size(size, args, rank, world_size, device):
             formula = [max(r["formula"][i] for r in everyone) for i in range(3)]
             dims = sorted({d for r in everyone for d in r["sent"]})
             sent = {d: max(r["sent"].get(d, 0) for r in everyone) for d in dims}
-            label = text.replace(",", "\n") + ("\nminddp" if impl == "manual" else "\nstock")
+            short = text.replace("dp_replicate", "rep").replace("dp_shard", "shard")  # HSDP's
+            label = short.replace(",", "\n") + ("\nminddp" if impl == "manual" else "\nstock")
             rows.append({"ranks": world_size, "way": label, "mesh": text,
                          "impl": impl, "params": largest[0], "grads": largest[1],
                          "optimizer": largest[2], "activations": largest[3],
