@@ -12,7 +12,7 @@ shards (torchtitan names them dp_replicate and dp_shard). For mesh_shape (2, 2):
     dp_replicate [[0, 1],   ranks 2 and 3 hold the same rows as 0 and 1: replicas.
           v       [2, 3]]   The all_gather runs within a row, [0, 1] or [2, 3].
 
-Each unit is the lesson's (fsdp/shard.py) with its group the shard group; this class adds
+Each unit is the lesson's (fsdp/shard.py) with its group the shard group; Hybrid below adds
 the replicate dimension, and dropin/fsdp.py's HybridUnit puts the drop-in's features on top:
   shard           rank (0, 0)'s weights: broadcast down the column, then along the row
   as_dtensor      each block a DTensor on the 2-D mesh, placements (Replicate(), Shard(0)),
@@ -38,8 +38,8 @@ def divide_factors(dtype, data_parallel_size):
         return None, None, dist.ReduceOp.SUM
     if dtype in (torch.float32, torch.bfloat16):  # no overflow to fear: the collective divides
         return None, None, dist.ReduceOp.AVG  # (gloo sums, then divides)
-    # float16 (and float64, by stock's test) sum: divide by about sqrt(size) before the sum,
-    # by the rest after, so that neither the parts nor the sum overflow.
+    # float16 (and float64, by stock's test) sum: divide by a power of two near sqrt(size)
+    # before the sum, by the rest after, so that neither the parts nor the sum overflow.
     factor = float(data_parallel_size)
     before = 1
     while factor % before == 0 and factor / before > before:
