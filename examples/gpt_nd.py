@@ -35,9 +35,9 @@ SIZES = dict(vocab=32, d=16, heads=4, tokens=8)
 
 def parser():
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mesh", default="dp=2", help="dimensions outermost first, e.g."
-                   " pp=2,dp=2,tp=2 or dp_replicate=2,dp_shard=2 (HSDP); their product: the"
-                   " world size")
+    p.add_argument("--mesh", help="dimensions outermost first, e.g. pp=2,dp=2,tp=2 or"
+                   " dp_replicate=2,dp_shard=2 (HSDP; their product: the world size; default:"
+                   " dp=the world size)")
     p.add_argument("--impl", default="manual", choices=["manual", "stock"],
                    help="minddp's mesh, TP, FSDP, DDP and pipeline, or stock PyTorch's")
     p.add_argument("--dp", default="fsdp", choices=["fsdp", "ddp"],
@@ -52,7 +52,16 @@ def parser():
     p.add_argument("--steps", type=int, default=3, help="AdamW steps")
     p.add_argument("--clip", type=float, metavar="MAX_NORM",
                    help="clip the whole model's gradient norm, over every rank (clip.py)")
-    p.add_argument("--batch", type=int, default=4, help="sequences per step and dp rank")
+    p.add_argument("--batch", type=int, help="sequences per step and dp rank (default 4);"
+                   " with --invariant: in the whole step, on any mesh (default 8)")
+    p.add_argument("--invariant", action="store_true", help="one order for every sum a mesh"
+                   " reorders: the same bits on any mesh as in one process (minddp/invariant/)")
+    p.add_argument("--shards", type=int, default=8, help="--invariant: the batch's virtual"
+                   " shards, each its own backward (a power of two that dp divides)")
+    p.add_argument("--chunks", type=int, default=4, help="--invariant: each tp-split"
+                   " dimension's chunks, on any tp (a power of two that tp divides)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="--invariant: the blocks' LayerNorms on each tp rank's tokens")
     return run_flags(p)  # --seed, --grad-table, --timeout, --backend, --device
 
 
@@ -60,11 +69,26 @@ def checked(args, world_size=None):
     """The mesh against the model and the world (torchrun's), before any group: one line."""
     from minddp.mesh.plan import check_fits, parse_mesh
     from minddp.launch.usage_error import UsageError
-    args.shape, args.names = parse_mesh(args.mesh)
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
-    check_fits(args.shape, args.names, world_size,
-               heads=SIZES["heads"], blocks=args.blocks, tied=not args.untied, dp=args.dp)
+    args.mesh = args.mesh or f"dp={world_size}"
+    args.shape, args.names = parse_mesh(args.mesh)
+    check_fits(args.shape, args.names, world_size, heads=SIZES["heads"], blocks=args.blocks,
+               tied=not args.untied, dp=None if args.invariant else args.dp)
     pp, tp = (dict(zip(args.names, args.shape)).get(n, 1) for n in ("pp", "tp"))
+    if args.invariant and "dp_shard" in args.names:
+        raise UsageError("--invariant with dp_replicate and dp_shard: the invariant mode's data"
+                         " parallel is one dimension, dp", hint="--invariant --mesh dp=N (HSDP"
+                         " is the normal mode's)", same_on_every_rank=True)
+    if args.invariant:
+        from minddp.invariant.plan import check_invariant
+        args.batch = args.batch or 8
+        check_invariant(args, SIZES, dict(zip(args.names, args.shape)))
+        return args
+    args.batch = args.batch or 4
+    if args.sequence_parallel:
+        raise UsageError("--sequence-parallel is the invariant mode's (--invariant): the"
+                         " normal mode's sequence parallel is proved in tests/test_mesh.py",
+                         hint="add --invariant", same_on_every_rank=True)
     if args.clip is not None and args.dp == "ddp" and tp > 1:
         # Stock's DDP over TP takes each TP weight out of module.parameters() in forward
         # (a DTensor made from its local Parameter stands in its place): a clip over the
@@ -109,6 +133,8 @@ def batch(args, step, dp_rank, device):
 
 
 def main(env, args):
+    if args.invariant:
+        return main_invariant(env, args)
     lib = LIBRARIES[args.impl]
     mesh = lib.init_device_mesh(env.device.type, args.shape, mesh_dim_names=args.names)
     torch.manual_seed(args.seed)  # the same first weights on every rank
@@ -149,6 +175,36 @@ def main(env, args):
             print_rank(f"step {step + 1}/{args.steps} | loss {loss.item():.6f}"
                        + ("" if norm is None else f" | grad norm {norm.item():.9g}"))  # every bit
     grad_table.save()  # collective: rank 0 gathers every rank's rows and writes the file
+
+
+def main_invariant(env, args):
+    """The same training in one order (minddp/invariant/step.py): the global batch --batch,
+    on any mesh; every line printed once, by the rank that holds the loss."""
+    from minddp.invariant.step import InvariantTraining
+    mesh = LIBRARIES["manual"].init_device_mesh(env.device.type, args.shape,
+                                                mesh_dim_names=args.names)
+    torch.manual_seed(args.seed)  # the same first weights on every rank
+    model = gpt(**SIZES, blocks=args.blocks, tied=not args.untied).to(env.device)
+    training = InvariantTraining(model, mesh, dp=args.dp, shards=args.shards,
+                                 fully_shard=LIBRARIES["manual"].fully_shard,
+                                 chunks=args.chunks, batch=args.batch, seed=args.seed,
+                                 sequence_parallel=args.sequence_parallel, dropout=args.dropout,
+                                 recompute=POLICIES[args.recompute])
+    optimizer = torch.optim.AdamW(training.stage.parameters(), lr=1e-2, foreach=False)
+    grad_table = GradTable(model, args.grad_table)
+    prints = training.last and all(c == 0 for n, c in zip(args.names, mesh.get_coordinate())
+                                   if n != "pp")
+    for step in range(args.steps):
+        x, y = batch(args, step, 0, env.device)  # the whole step's batch: every shard
+        optimizer.zero_grad()
+        loss, whole = training.step(step, x, y)
+        grad_table.record()
+        norm = None if args.clip is None else training.clip_grad_norm_(whole, args.clip)
+        optimizer.step()
+        if prints:
+            print_rank(f"step {step + 1}/{args.steps} | loss {loss.item():.9g}"
+                       + ("" if norm is None else f" | grad norm {norm.item():.9g}"))
+    grad_table.save()
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ import sys
 COMMANDS = {  # subcommand: (module, what it does)
     "lessons": ("minddp.tools.course", "the reading order: each file's size and idea"),
     "diff": ("minddp.tools.diff", "compare two gradient tables, element by element"),
-    "exercise": ("minddp.grader.exercises", "a lesson with its ideas taken out, for a student"),
+    "exercise": ("minddp.grader.writer", "a lesson with its ideas taken out, for a student"),
     "grade": ("minddp.grader.grade", "a student's lesson file against stock, bit for bit"),
+    "site": ("minddp.site.build", "the course as a web site: build, serve, screenshots"),
     "timeline": ("minddp.bench.timeline", "when backward computes and each all-reduce runs"),
     "bench": ("minddp.bench.ddp", "step time: naive, bucketed and stock DDP, as ratios"),
     "zero-bench": ("minddp.bench.zero", "ZeRO-1: optimizer state per rank, step time"),
@@ -26,6 +27,8 @@ COMMANDS = {  # subcommand: (module, what it does)
     "tp-bench": ("minddp.bench.tp", "tensor parallel vs stock: bytes sent, memory, step time"),
     "pp-bench": ("minddp.bench.pp", "pipeline vs stock: the bubble per stage, activations"),
     "mesh-bench": ("minddp.bench.mesh", "every mesh of 4 and 8 ranks: held and sent per rank"),
+    "invariant-bench": ("minddp.bench.invariant", "the invariant mode beside the normal one:"
+                        " step time, memory per mesh"),
     "pp-schedules": ("minddp.tools.pipeline_slots", "every pipeline schedule laid out: bubble,"
                      " activations alive"),
     "elastic-bench": ("minddp.bench.elastic", "the ordered reduction vs all_reduce: bytes, time"),

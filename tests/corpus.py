@@ -3,7 +3,7 @@ each must pass (stock's bits) or be graded `correct` (tests/test_grade.py).
 
     pytest tests/test_grade.py -k right
 
-{exercise: {solution: {"Class.method" or "function": its body}}}: minddp.grader.exercises.
+{exercise: {solution: {"Class.method" or "function": its body}}}: minddp.grader.writer.
 solution() writes each into the exercise's starting file, as a student would.
 """
 

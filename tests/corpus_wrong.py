@@ -12,7 +12,7 @@ what the grader says of each (tests/test_grade.py).
             says where, not why (docs/grade.md counts them apart)
   said      words the first failed check's diagnosis holds
   hangs     (if given) it hangs, and the words name why: graded with a short --timeout
-  bodies    {"Class.method" or "function": its body}: minddp.grader.exercises.solution()
+  bodies    {"Class.method" or "function": its body}: minddp.grader.writer.solution()
             writes each into the exercise's starting file
 """
 

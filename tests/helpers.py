@@ -475,7 +475,9 @@ def _read(file):
     return file.read()
 
 
-def _free_port():
+def free_port():
+    """A TCP port on 127.0.0.1 that no one holds now (the OS's pick): a rendezvous or a
+    MASTER_PORT for a test's launch."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -517,7 +519,7 @@ def warm_torchrun(nproc, script, *args, timeout=HANG_S):
     the group under a live stock DDP (the lesson's own) can block as the reducer is freed,
     where a fresh interpreter would have exited, so it runs under torchrun().
     The result: returncode (0, or the first failed rank's), stdout, stderr."""
-    port, ctx = _free_port(), warm.context()
+    port, ctx = free_port(), warm.context()
     base = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nproc),
                 LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0", GROUP_WORLD_SIZE="1",

@@ -30,7 +30,7 @@ import context_reference as ref
 from helpers import share_spawn, shared_results
 from minddp.cp.blockwise import by_hand, fused
 from minddp.cp.ring_attention import ring_attention
-from minddp.grader.context import _parts  # each rank's q, k, v, dout, gathered
+from minddp.grader.checks.ring_attention import _parts  # each rank's q, k, v, dout, gathered
 from minddp.references.stock_context import stock_ring
 
 CASES = [(False, False), (True, False), (True, True), (False, True)]  # (causal, zigzag)

@@ -24,7 +24,6 @@ import importlib.util
 import io
 import os
 import re
-import socket
 import shutil
 import signal
 import subprocess
@@ -49,8 +48,8 @@ import minddp
 import minddp.run.cli
 import minddp.tools.tables
 from ahead import ahead
-from helpers import (HANG_S, REPO, TAG, kill_tagged, launch_environ, share_spawn, shared_results,
-                     stopped)
+from helpers import (HANG_S, REPO, TAG, free_port, kill_tagged, launch_environ, share_spawn,
+                     shared_results, stopped)
 from minddp.launch.teardown import forget_dtensor_caches
 from minddp.elastic.resize import (ElasticBatchSampler, check_world, ordered_average, reshard_plan,
                             set_gradients, shard_gradients, shard_rows)
@@ -397,18 +396,12 @@ def test_a_kill_during_save_leaves_the_previous_checkpoint_whole():
         assert all(bool((p == info["step"]).all()) for p in model.parameters())
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _resized(tmp):
     """Node a trains step 1 alone, node b joins before step 2, dies after it (agent and
     worker killed), and node a trains steps 3-12 alone, from step 2's checkpoint. A hold file
     gates the steps (examples/elastic.py --hold-file), so each event lands at a known step
     however fast the machine. (a's exit status, a's output, b's output, the folder)"""
-    folder, port = str(tmp), _free_port()
+    folder, port = str(tmp), free_port()
     hold = os.path.join(folder, "hold")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2",
                 "--nproc_per_node=1", "--rdzv-backend=c10d",

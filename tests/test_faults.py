@@ -4,7 +4,6 @@
 """
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from ahead import ahead, ahead_run
-from helpers import (HANG_S, REPO, TAG, cli, kill_tagged, launch_environ, run_ranks,
+from helpers import (HANG_S, REPO, TAG, cli, free_port, kill_tagged, launch_environ, run_ranks,
                      share_spawn, shared_results, stopped, torchrun)
 from minddp import (GradTable, ManualDDP, NaiveDDP, NeuralNetwork, UsageError, load_checkpoint,
                     save_checkpoint)
@@ -123,12 +122,6 @@ def test_damaged_checkpoint_is_one_clear_error(tmp_path):
     assert message.endswith(")") and "interna)" not in message, message
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_agents(rendezvous, table, timeout=HANG_S):
     """Two torchrun agents on this machine, one process each: a 2-node job in miniature."""
     tag, procs, outputs = uuid.uuid4().hex, [], []
@@ -165,7 +158,7 @@ def one_agent_table(launch):
 
 
 def _agents(tmp, how):
-    port = _free_port()
+    port = free_port()
     if how == "static":  # node 0 hosts the store at MASTER_ADDR:MASTER_PORT
         rendezvous = lambda node: [f"--node-rank={node}", "--master-addr=127.0.0.1",
                                    f"--master-port={port}"]

@@ -1,4 +1,4 @@
-"""The exercises and the grader (minddp/grader/exercises.py, grade.py): planted mistakes, named.
+"""The exercises and the grader (minddp/grader/writer.py, grade.py): planted mistakes, named.
 
     pytest tests/test_grade.py
 
@@ -27,7 +27,8 @@ from ahead import ahead_run
 from helpers import REPO, cli, run, share_spawn, shared_results
 from corpus import RIGHT
 from corpus_wrong import WRONG
-from minddp.grader.exercises import EXERCISES, solution, starting_file
+from minddp.grader.exercises import EXERCISES
+from minddp.grader.writer import solution, starting_file
 from minddp.grader.student import load
 # (imported here, before the spawned ranks start their group: the checks import
 # torch.distributed.optim, which imported after init_process_group keeps the group alive)
@@ -377,7 +378,7 @@ def _pairings(rank, world_size):
     """pairing.unpaired on rank 0 sending rank 1 five elements, rank 1 receiving: {case: said}."""
     import torch
     import torch.distributed as dist
-    from minddp.grader.pairing import unpaired
+    from minddp.grader.ranks.pairing import unpaired
 
     def talk(received, p2p):
         if rank == 0:
@@ -581,7 +582,7 @@ PEER_LEFT = ("Traceback (most recent call last):\n  File \"{file}\", line 7, in 
 def test_a_hang_is_reported_alike_whichever_rank_notices_first(tmp_path, race):
     """What the grader controls: the report from what the ranks left, in every order of the
     race (rank 0 went on without the all_reduce; rank 1 waits in it)."""
-    from minddp.grader.ranks import report
+    from minddp.grader.ranks.world import report
     student = tmp_path / "naive.py"
     student.write_text("")
     (tmp_path / "rank0.collectives").write_text("in broadcast (naive.py line 3)\ndone\n")
@@ -602,7 +603,7 @@ def test_a_rank_killed_while_writing_leaves_its_whole_lines_read_and_the_part_ig
         tmp_path, cut):
     """Ranks killed at the limit may be writing their stacks (faulthandler, piece by piece)
     or their last collective: whole lines are read, the part after them never misread."""
-    from minddp.grader.ranks import report
+    from minddp.grader.ranks.world import report
     student = tmp_path / "naive.py"
     student.write_text("\n" * 11 + "        dist.all_reduce(grad)\n")
     frame = f'  File "{student.resolve()}", '
@@ -622,9 +623,9 @@ def test_a_rank_killed_while_writing_leaves_its_whole_lines_read_and_the_part_ig
 def test_a_rank_killed_while_writing_its_error_leaves_no_part_of_it_read(tmp_path, monkeypatch):
     """At the limit the ranks are killed one by one: a peer of the first may raise
     ("Connection closed") and be killed while it writes that traceback. Its error file
-    appears whole or not at all (ranks.whole); the report is the hang's, not an exception's
+    appears whole or not at all (world.whole); the report is the hang's, not an exception's
     last line read from a part."""
-    from minddp.grader import ranks
+    from minddp.grader.ranks import world
     student = tmp_path / "naive.py"
     student.write_text("")
     (tmp_path / "rank0.collectives").write_text("in broadcast (naive.py line 3)\ndone\n")
@@ -637,18 +638,18 @@ def test_a_rank_killed_while_writing_its_error_leaves_no_part_of_it_read(tmp_pat
         raise SystemExit(-9)
     monkeypatch.setattr(pathlib.Path, "write_text", killed)
     with pytest.raises(SystemExit):
-        ranks.whole(tmp_path / "rank1.error", PEER_LEFT.format(file=student.resolve()))
+        world.whole(tmp_path / "rank1.error", PEER_LEFT.format(file=student.resolve()))
     monkeypatch.undo()
     assert not (tmp_path / "rank1.error").exists() and (tmp_path / "rank1.error.part").exists()
-    [result] = ranks.report(tmp_path, student, "naive", 2, 3, stuck=True)
+    [result] = world.report(tmp_path, student, "naive", 2, 3, stuck=True)
     assert result["where"] == "rank 0 in none; rank 1 waits in all_reduce (naive.py line 7)"
     assert result["diagnosis"].startswith("a collective that never completed within 3 s")
-    ranks.whole(tmp_path / "rank1.error", "Traceback (most recent call last):\nValueError: x\n")
+    world.whole(tmp_path / "rank1.error", "Traceback (most recent call last):\nValueError: x\n")
     assert (tmp_path / "rank1.error").read_text().endswith("ValueError: x\n")  # whole
 
 
 def test_the_rank_that_says_why_is_reported_not_the_peer_that_saw_it_leave(tmp_path):
-    from minddp.grader.ranks import report
+    from minddp.grader.ranks.world import report
     student = tmp_path / "sharded.py"
     student.write_text("")
     (tmp_path / "rank0.error").write_text(PEER_LEFT.format(file=student.resolve()))
@@ -664,7 +665,7 @@ def test_the_rank_that_says_why_is_reported_not_the_peer_that_saw_it_leave(tmp_p
 def test_an_error_raised_far_from_its_cause_gets_the_usual_cause(tmp_path):
     # autograd finds a saved tensor changed in place when the backward runs, inside torch:
     # the grader says what usually does it (tests/test_grade.py's planted FSDP refill)
-    from minddp.grader.ranks import report
+    from minddp.grader.ranks.world import report
     student = tmp_path / "fsdp.py"
     student.write_text("")
     (tmp_path / "rank0.error").write_text(
@@ -869,7 +870,7 @@ def test_a_warm_up_not_clamped_to_the_microbatches_is_caught_at_3_ranks(tmp_path
 
 
 def test_minddp_exercise_makes_the_folder_it_is_given(tmp_path):
-    from minddp.grader.exercises import main
+    from minddp.grader.writer import main
     assert main(["naive", str(tmp_path / "exercises")]) == 0  # docs/grade.md's first command
     assert (tmp_path / "exercises" / "naive.py").read_text().startswith("# minddp exercise")
     (tmp_path / "a file").write_text("")
@@ -959,13 +960,13 @@ def _run(grads, weights=None, start=None):
      "every gradient equal to stock's, the weights parting"),
 ])
 def test_each_diagnosis_from_its_numbers(ours, stock, said):
-    from minddp.grader.diagnosis import compare
+    from minddp.grader.judge.diagnosis import compare
     passed, where, diagnosis = compare(ours, stock, 2)
     assert passed == (said == "") and said in diagnosis, (where, diagnosis)
 
 
 def test_a_hangs_mismatch_is_named_only_where_the_calls_show_it():
-    from minddp.grader.mismatch import why
+    from minddp.grader.ranks.mismatch import why
     world = {"group": None, "sizes": [4]}
     grader = ("all_gather_object", {"group": None, "sizes": []}, False)  # the grader's call
     # a group's ranks in a collective of the whole world, the rank outside it elsewhere
@@ -998,31 +999,31 @@ def test_stocks_checkpoint_runs_are_kept_per_state_and_made_again_where_a_studen
     process; never across state a student's checkpoint could leave changed, where it runs
     stock's again (in that state, as before it kept any)."""
     import torch
-    from minddp.grader import lessons
+    from minddp.grader.checks import recompute_runs as runs
     from minddp.memory.recompute import MATMULS
-    monkeypatch.setattr(lessons, "_REFERENCES", {})
-    case = next(c for c in lessons._recompute_cases() if c["autocast"])
+    monkeypatch.setattr(runs, "_REFERENCES", {})
+    case = next(c for c in runs._recompute_cases() if c["autocast"])
     frozen = gc.get_freeze_count() > 0
-    kept = lessons._reference(case, "stock", MATMULS, frozen)
-    assert lessons._reference(case, "stock", MATMULS, frozen) is kept
+    kept = runs._reference(case, "stock", MATMULS, frozen)
+    assert runs._reference(case, "stock", MATMULS, frozen) is kept
     # the student's save_ops
-    assert lessons._reference(case, "stock", MATMULS[:1], frozen) is not kept
-    fresh = lessons._run(case, "stock", MATMULS, frozen)
+    assert runs._reference(case, "stock", MATMULS[:1], frozen) is not kept
+    fresh = runs._run(case, "stock", MATMULS, frozen)
     assert all(torch.equal(kept[k], fresh[k]) if isinstance(fresh[k], torch.Tensor)
                else kept[k] == fresh[k] for k in fresh)
-    clean = lessons._state()
+    clean = runs._state()
     leaks = {"autocast left on": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
              "saved-tensors hooks left pushed": lambda: torch.autograd.graph.saved_tensors_hooks(
                  lambda t: t, lambda t: t),
              "float64 left the default": lambda: _default_dtype(torch.float64)}
     for leak, left in leaks.items():
         with left():
-            assert lessons._state() != clean, leak
-            again = lessons._reference(case, "stock", MATMULS, frozen)
+            assert runs._state() != clean, leak
+            again = runs._reference(case, "stock", MATMULS, frozen)
             assert again is not kept, leak
-            assert lessons._reference(case, "stock", MATMULS, frozen) is again, leak
-        assert lessons._state() == clean
-    assert lessons._reference(case, "stock", MATMULS, frozen) is kept
+            assert runs._reference(case, "stock", MATMULS, frozen) is again, leak
+        assert runs._state() == clean
+    assert runs._reference(case, "stock", MATMULS, frozen) is kept
 
 
 @contextlib.contextmanager

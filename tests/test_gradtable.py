@@ -82,15 +82,52 @@ def test_negative_zero_is_not_bitwise_equal_to_zero(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("other, what", [
-    (dict(world_size=3), "world_size differs"),
     (dict(steps=2), "steps differs"),
-    (dict(names=("w", "v")), "names differs"),
+    (dict(names=("w", "v")), "other parameters (only in A: ['b'], only in B: ['v'])"),
 ])
 def test_runs_that_cannot_be_compared_exit_2(tmp_path, capsys, other, what):
     a = _table(tmp_path, "a.txt", _rows())
     code, out, err = _diff(capsys, a, _table(tmp_path, "b.txt", _rows(**other)))
     assert code == 2 and what in err and out == ""
     assert len(err.splitlines()) == 2  # one line and a hint, no traceback
+
+
+def _whole_rows(world_size, stages=1, steps=3, change=None):
+    """Every rank the same whole gradients, as synced ones are; with stages, rank r holds
+    only its stage's parameters (NaN for the rest), as a pipeline's table does."""
+    rng = np.random.default_rng(0)
+    grads = [{"w": rng.standard_normal((3, 2)).astype(np.float32),
+              "b": rng.standard_normal(3).astype(np.float32)} for _ in range(steps)]
+    if change is not None:
+        change(grads)
+    held = {"w": 0, "b": stages - 1}  # the stage that holds each parameter
+    return [[(s, 0, {n: g if held[n] == r * stages // world_size else np.full_like(g, np.nan)
+                     for n, g in grads[s].items()}) for s in range(steps)]
+            for r in range(world_size)]
+
+
+def test_tables_of_two_meshes_compare_whole_gradients(tmp_path, capsys):
+    one = _table(tmp_path, "one.txt", _whole_rows(1))
+    four = _table(tmp_path, "four.txt", _whole_rows(4, stages=2))  # two stages of two ranks
+    code, out, _ = _diff(capsys, four, one)
+    assert code == 0 and "verdict: IDENTICAL" in out and "world size 4" in out
+
+    def one_ulp(grads):
+        grads[1]["b"][2] = np.nextafter(grads[1]["b"][2], np.float32(np.inf))
+    other = _table(tmp_path, "other.txt", _whole_rows(2, stages=2, change=one_ulp))
+    code, out, _ = _diff(capsys, other, one)
+    assert code == 1 and "verdict: DIFFERENT" in out
+    assert "first difference: step 1, 'b', element [2]:" in out and "1 units in the last" in out
+    code, out, _ = _diff(capsys, one, _table(tmp_path, "same.txt", _whole_rows(1)), "--whole")
+    assert code == 0 and "whole gradients" in out
+
+
+def test_a_table_whose_ranks_disagree_is_not_compared_whole(tmp_path, capsys):
+    rows = _whole_rows(2)
+    rows[1][0][2]["w"] = rows[1][0][2]["w"] * 2  # rank 1's own gradient: a skipped average
+    code, _, err = _diff(capsys, _table(tmp_path, "a.txt", rows),
+                         _table(tmp_path, "one.txt", _whole_rows(1)))
+    assert code == 2 and "table A: at step 0, rank 1's 'w' is not rank 0's" in err
 
 
 def test_unreadable_inputs_exit_2_with_one_line(tmp_path, capsys):

@@ -3,7 +3,7 @@
     pytest tests/test_layout.py
 
 - `ls minddp/` shows __init__.py/__main__.py, the chapters (folders of lessons, in the reading
-  order) and six folders besides; no lesson file sits at the top.
+  order) and seven folders besides; no lesson file sits at the top.
 - Every folder opens with a docstring that names every file in it; a chapter's also says how
   to run it. Every lesson file is at most 180 lines and breathes (no semicolons).
 - The layering, read from the source (ast, every import, those inside functions too): a lesson
@@ -30,26 +30,32 @@ PACKAGE = REPO / "minddp"
 # The chapters, in the reading order (minddp lessons): a lesson imports only from its own
 # chapter and the ones before it.
 CHAPTERS = ["launch", "collectives", "ddp", "zero", "fsdp", "tp", "pp", "elastic", "mesh",
-            "memory", "cp", "ep"]
-SUPPORT = ["dropin", "references", "grader", "tools", "bench", "run"]  # above every chapter
+            "memory", "cp", "ep", "invariant"]
+SUPPORT = ["dropin", "references", "grader", "tools", "bench", "run",  # above every chapter
+           "site"]
+# Rooms inside a folder (the grader's): each opens with its own page, as a folder does.
+ROOMS = sorted(p.parent.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("*/*/__init__.py"))
 LESSONS = sorted(f"{c}/{p.stem}" for c in CHAPTERS for p in (PACKAGE / c).glob("*.py")
                  if not p.name.startswith("__"))
 
 
-def test_the_top_level_is_the_chapters_and_six_folders():
+def test_the_top_level_is_the_chapters_and_seven_folders():
     files = sorted(p.name for p in PACKAGE.glob("*.py"))
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert files == ["__init__.py", "__main__.py"]
     assert folders == set(CHAPTERS) | set(SUPPORT)
 
 
-@pytest.mark.parametrize("folder", CHAPTERS + SUPPORT)
+@pytest.mark.parametrize("folder", CHAPTERS + SUPPORT + ROOMS)
 def test_each_folder_opens_with_a_page_naming_every_file(folder):
     doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text()))
     assert doc and len(doc.splitlines()) >= 3, folder
     for path in (PACKAGE / folder).glob("*.py"):
         if not path.name.startswith("__"):
             assert path.name in doc, f"{folder}/__init__.py does not name {path.name}"
+    for room in (PACKAGE / folder).glob("*/__init__.py"):
+        name = f"{room.parent.name}/"
+        assert name in doc, f"{folder}/__init__.py does not name {name}"
     if folder in CHAPTERS:  # the command that runs or proves it, first
         assert "pytest tests/" in doc or "torchrun" in doc, folder
 
@@ -149,11 +155,12 @@ def test_the_circle_test_finds_a_circle():
     assert _circle({"a": {"b"}, "b": set()}) is None
 
 
-@pytest.mark.parametrize("folder", CHAPTERS + SUPPORT)
+@pytest.mark.parametrize("folder", CHAPTERS + SUPPORT + ROOMS)
 def test_no_folder_gives_a_name_that_hides_one_of_its_files(folder):
     tree = ast.parse((PACKAGE / folder / "__init__.py").read_text())
+    # (`from . import file` gives the file itself: that hides nothing)
     given = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-             for a in n.names}
+             and not (n.level == 1 and n.module is None) for a in n.names}
     files = {p.stem for p in (PACKAGE / folder).glob("*.py")}
     assert not given & files, f"minddp.{folder}'s {sorted(given & files)} hide its files"
 
@@ -171,6 +178,22 @@ def test_a_lesson_breathes(lesson):
     assert len(wide) <= 5, f"{lesson}.py: {len(wide)} lines past 95 columns ({wide})"
     too_wide = [n for n, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 100]
     assert not too_wide, f"{lesson}.py: lines past 100 columns ({too_wide})"
+
+
+def test_no_file_of_the_grader_is_past_300_lines():
+    # Past that, a file is split by what its parts do (a check's run, its verdict, its
+    # diagnoses), never compressed.
+    long = {p.relative_to(PACKAGE).as_posix(): n for p in (PACKAGE / "grader").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 300}
+    assert not long, long
+
+
+def test_each_exercise_has_a_checks_file_named_after_it():
+    from minddp.grader.checks import CHECKS
+    from minddp.grader.exercises import EXERCISES
+    assert list(CHECKS) == list(EXERCISES)
+    for name, check in CHECKS.items():
+        assert check.__module__ == f"minddp.grader.checks.{name}", name
 
 
 def test_the_fsdp_lesson_holds_no_drop_in_part():
@@ -223,7 +246,7 @@ def test_importing_minddp_loads_no_torch():
     # (the grader's own process too: it reads the student's file while its ranks' fork
     # server imports torch, so that a grade pays for one import, not two in a row)
     code = ("import sys, minddp, minddp.tools.diff, minddp.mesh.plan, minddp.grader.grade,"
-            " minddp.grader.ranks; print('torch' in sys.modules)")
+            " minddp.grader.ranks.world; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
 

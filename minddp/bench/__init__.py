@@ -14,6 +14,7 @@ lesson, each a `minddp` subcommand:
     pp.py           `minddp pp-bench`: the pipeline's bubble and activations per stage
     elastic.py      `minddp elastic-bench`: the ordered reduction beside all_reduce
     mesh.py         `minddp mesh-bench`: what each rank holds and sends per dimension
+    invariant.py    `minddp invariant-bench`: the invariant mode's step time and memory
     recompute.py    `minddp recompute-bench`: the bytes a block keeps, by policy
     context.py      `minddp cp-bench`: who computes what, the bytes round the ring
     experts.py      `minddp ep-bench`: tokens per expert, the all_to_alls' bytes

@@ -1,6 +1,6 @@
 """`minddp grade FILE`: a student's lesson file beside stock PyTorch, bit for bit, and what's off.
 
-    minddp exercise naive exercises/                  # a starting file (exercises.py)
+    minddp exercise naive exercises/                  # a starting file (writer.py)
     minddp grade exercises/naive.py                   # at the exercise's world sizes
     minddp grade exercises/naive.py --ranks 1 2 3
     minddp grade minddp/ddp/naive.py                      # the lesson itself: every check passes
@@ -9,13 +9,13 @@
 
 The file is loaded as the lesson it replaces (its relative imports reach minddp's other
 lessons), on gloo ranks started here, one group of ranks per world size, each under a hard
-time limit. Each check (checks.py) runs the student's code and stock's on the same
-models and data and prints `passed` (bit for bit) or the first difference, with its step,
-rank, parameter and element, and a diagnosis (diagnosis.py): a factor of the world size,
+time limit. Each check (checks/) runs the student's code and stock's on the same models
+and data and prints `passed` (bit for bit) or the first difference, with its step, rank,
+parameter and element, and a diagnosis (judge/diagnosis.py): a factor of the world size,
 weights never copied from rank 0, a skipped average, a summation order, the optimizer... A
 rank that raises is reported at its line in the student's file; a rank stuck in a collective
 past --timeout, with the collective each rank was last in. A DDP average that is not stock's
-bits but lies within the rounding bound of the exact average is `correct` (bound.py).
+bits but lies within the rounding bound of the exact average is `correct` (judge/bound.py).
 Exit status 0 only when every check passes or is correct; 1 when one fails; 2 for a file or
 a flag the grader cannot use.
 """
@@ -29,7 +29,7 @@ import sys
 from ..launch.usage_error import UsageError
 from ..run import warm
 from .exercises import EXERCISES
-from .ranks import run_world
+from .ranks.world import run_world
 from .student import check_signatures, exercise_of, load
 
 
@@ -136,7 +136,7 @@ def grade_folder(folder, args):
 
 
 def outcome_of(result):
-    """passed (stock's bits), correct (right within a stated bound, bound.py), failed."""
+    """passed (stock's bits), correct (right within a stated bound, judge/bound.py), failed."""
     return result.get("outcome", "passed" if result["passed"] else "failed")
 
 

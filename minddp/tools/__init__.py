@@ -4,6 +4,7 @@ For anyone checking a lesson's claim ("bit for bit equal to stock") or looking i
     gradtable.py      every synced gradient, per step, rank and parameter, recorded
     tables.py         the table files (written on rank 0, read by diff; no torch needed)
     diff.py           `minddp diff A B`: two tables element by element, and why bits differ
+    across.py         two tables of different meshes: whole gradients, the first difference
     replicas.py       do all ranks hold the same weights? (check_replicas)
     timeline.py       backward and each all-reduce recorded from outside, as a Chrome trace
     overlap.py        reading a timeline: the overlap share, a text picture of one step

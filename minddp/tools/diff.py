@@ -19,6 +19,7 @@ import numpy as np
 from tabulate import tabulate
 
 from ..run.cli import ArgumentParser
+from .across import check_comparable, compare_whole
 from .tables import TableError, read_table
 
 
@@ -43,10 +44,10 @@ def compare(meta_a, grads_a, meta_b, grads_b, atol=None, rtol=None):
     (first step that differs, largest gap there in rounding units of that step's largest
     element), which tells rounding from a bug.
     """
-    for key in ("world_size", "steps", "names", "shapes", "dtypes"):
-        if meta_a[key] != meta_b[key]:
-            raise TableError(f"runs are not comparable: {key} differs"
-                             f" ({meta_a[key]} vs {meta_b[key]})")
+    if meta_a["world_size"] != meta_b["world_size"]:
+        raise TableError(f"runs are not comparable rank by rank: world size"
+                         f" {meta_a['world_size']} vs {meta_b['world_size']}")
+    check_comparable(meta_a, meta_b)
     tolerant = atol is not None or rtol is not None
     atol, rtol = atol or 0.0, rtol or 0.0
     rows, verdict, onset = [], 0, None
@@ -147,16 +148,19 @@ def main(argv=None):
     parser.add_argument("--atol", type=float,
                         help="pass when |a - b| <= atol + rtol*|b| everywhere")
     parser.add_argument("--rtol", type=float, help="relative tolerance (see --atol)")
+    parser.add_argument("--whole", action="store_true", help="compare whole gradients, not"
+                        " rank by rank (the default for tables of different world sizes)")
     args = parser.parse_args(argv)
     try:
         meta_a, grads_a = read_table(args.a)
         meta_b, grads_b = read_table(args.b)
+        if args.whole or meta_a["world_size"] != meta_b["world_size"]:
+            return _main_whole(args, meta_a, grads_a, meta_b, grads_b)
         rows, verdict, onset = compare(meta_a, grads_a, meta_b, grads_b, args.atol, args.rtol)
     except TableError as err:
         print(f"minddp diff: {err}", file=sys.stderr)
-        print("---> HINT: record both runs with --grad-table PATH,"
-              " at the same world size and steps",
-              file=sys.stderr)
+        print("---> HINT: record both runs with --grad-table PATH, the same model and steps"
+              " (and one world size, for a diff rank by rank)", file=sys.stderr)
         return 2
     print(f"A: {args.a}   ({meta_a['script']}, torch {meta_a['torch']})")
     print(f"B: {args.b}   ({meta_b['script']}, torch {meta_b['torch']})")
@@ -220,6 +224,28 @@ def main(argv=None):
     else:
         print("verdict: DIFFERENT")
     return verdict
+
+
+def _main_whole(args, meta_a, grads_a, meta_b, grads_b):
+    """Tables of two meshes: one whole gradient per step and parameter, compared bitwise."""
+    if args.atol is not None or args.rtol is not None:
+        raise TableError("--atol and --rtol compare rank by rank: across meshes, bits only")
+    rows, first = compare_whole(meta_a, grads_a, meta_b, grads_b, ulp_distance)
+    for label, meta, path in (("A", meta_a, args.a), ("B", meta_b, args.b)):
+        print(f"{label}: {path}   ({meta['script']}, world size {meta['world_size']},"
+              f" torch {meta['torch']})")
+    print(f"whole gradients, {meta_a['steps']} steps, {len(rows)} parameters\n")
+    print(tabulate(rows, headers=["parameter", "shape", "max abs diff", "max ulps",
+                                  "elements differing", "bitwise equal", "first difference"],
+                   disable_numparse=True))
+    if first is None:
+        print("\nverdict: IDENTICAL (every element of every whole gradient, bit for bit)")
+        return 0
+    step, name, index, a, b, ulps = first
+    print(f"\nfirst difference: step {step}, {name!r}, element {list(index)}: {a!r} (A) vs"
+          f" {b!r} (B), {ulps} units in the last place apart")
+    print("verdict: DIFFERENT")
+    return 1
 
 
 if __name__ == "__main__":
