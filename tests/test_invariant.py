@@ -5,14 +5,13 @@
 The small GPT of examples/gpt_nd.py trains 5 AdamW steps in invariant mode on every mesh of
 dp in {1, 2, 4} x tp in {1, 2} x pp in {1, 2} up to 4 ranks (the shared spawns of 1, 2 and
 4 ranks) and of 8 ranks (the 8-rank spawn), each with fully_shard and with DDP along dp,
-sequence parallel, --clip, dropout and recomputation on in turn. Every step's loss, every whole gradient, and
+sequence parallel, --clip, dropout, recomputation and a vocabulary that the chunks do not
+divide on in turn. Every step's loss, every whole gradient, and
 after the last step every whole weight and AdamW state must be torch.equal to the run in
 one process. Unit checks of the tree, the chunks and the refusals run in this process.
 """
 
 import copy
-import itertools
-import os
 
 import pytest
 import torch
@@ -30,10 +29,11 @@ STEPS = 5
 SHAPES = {1: [(1, 1, 1)], 2: [(2, 1, 1), (1, 2, 1), (1, 1, 2)],
           4: [(4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 2, 2)],
           8: [(4, 2, 1), (4, 1, 2), (2, 2, 2)]}
-# name: (dp, tied, clip, dropout, sequence parallel, recompute)
-CONFIGS = {"fsdp": ("fsdp", False, 0.1, 0.1, True, "none"),
-           "ddp, selective recompute": ("ddp", False, 0.1, 0.1, True, "selective"),
-           "tied, plain tp, full recompute": ("fsdp", True, None, 0.1, False, "full")}
+# name: (dp, tied, clip, dropout, sequence parallel, recompute, vocabulary)
+CONFIGS = {"fsdp": ("fsdp", False, 0.1, 0.1, True, "none", 32),
+           "ddp, selective recompute": ("ddp", False, 0.1, 0.1, True, "selective", 32),
+           "tied, vocabulary 30, plain tp, full recompute": ("fsdp", True, None, 0.1, False,
+                                                             "full", 30)}
 
 
 def _mesh(shape):
@@ -62,11 +62,11 @@ def _train(shape, config):
     from minddp.invariant.step import InvariantTraining
     from minddp.tp.plan import sliced
     from minddp.memory.recompute import POLICIES
-    dp, tied, clip, dropout, sp, recompute = CONFIGS[config]
+    dp, tied, clip, dropout, sp, recompute, vocab = CONFIGS[config]
     if tied and shape[2] > 1:
         return None  # a tied embedding does not split over stages (gpt_nd.py refuses it)
     torch.manual_seed(0)
-    model = gpt(**SIZES, blocks=2, tied=tied)
+    model = gpt(**{**SIZES, "vocab": vocab}, blocks=2, tied=tied)
     training = InvariantTraining(model, _mesh(shape), dp=dp, shards=8, chunks=4, batch=8,
                                  fully_shard=LIBRARIES["manual"].fully_shard, seed=0,
                                  sequence_parallel=sp, dropout=dropout,
@@ -77,7 +77,7 @@ def _train(shape, config):
     losses, grads = [], []
     for step in range(STEPS):
         g = torch.Generator().manual_seed(100 + step)
-        tokens = torch.randint(0, SIZES["vocab"], (8, SIZES["tokens"] + 1), generator=g)
+        tokens = torch.randint(0, vocab, (8, SIZES["tokens"] + 1), generator=g)
         optimizer.zero_grad()
         loss, whole = training.step(step, tokens[:, :-1].contiguous(),
                                     tokens[:, 1:].contiguous())
@@ -127,3 +127,70 @@ def test_every_mesh_gives_one_process_bits(shape, config):
         held = set(run[2])  # every rank compared something: its stage's weights
         assert held and held <= set(reference[2]), rank
         assert any(loss is not None for loss in run[0]) or shape[2] > 1
+
+
+def test_the_folder_adds_as_the_tree_and_a_run_of_leaves_is_a_subtree():
+    leaves = [torch.randn(5, generator=torch.Generator().manual_seed(i)) * 10 ** (i % 4)
+              for i in range(8)]
+    folder = Folder()
+    for leaf in leaves:
+        folder.add(leaf)
+    whole = fold(leaves)
+    assert torch.equal(folder.total(), whole)
+    for ranks in (2, 4):  # each rank folds its run; the runs' sums, folded, are the whole's
+        runs = [fold(leaves[r * 8 // ranks:(r + 1) * 8 // ranks]) for r in range(ranks)]
+        assert torch.equal(fold(runs), whole)
+    assert not torch.equal(sum(leaves[1:], leaves[0]), whole)  # one after another: other bits
+    assert torch.equal(tree_sum(leaves), whole)  # no group: this rank alone
+
+
+def test_a_folder_refuses_leaves_that_make_no_tree():
+    folder = Folder()
+    for leaf in torch.ones(3, 2):
+        folder.add(leaf)
+    said = usage_errors([("three", folder.total)])
+    assert "3 leaves arrived, not a power of two" in said["three"]
+
+
+def test_the_vocabulary_in_chunks_is_cross_entropy_to_rounding():
+    from minddp.invariant.vocab import chunk_vocabulary
+    torch.manual_seed(0)
+    base = gpt(**{**SIZES, "vocab": 30}, blocks=1, tied=False)
+    model = copy.deepcopy(base)
+    loss_fn = chunk_vocabulary(model[0], model[-1], 4, 30)  # one process: every chunk here
+    assert model[0].wte.weight.shape == (32, 16)  # 30 rows padded to 4 chunks of 8
+    tokens = torch.randint(0, 30, (2, 9), generator=torch.Generator().manual_seed(1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    loss = loss_fn(model(x), y)
+    expected = torch.nn.functional.cross_entropy(base(x).flatten(0, 1), y.flatten())
+    loss.backward()
+    expected.backward()
+    assert torch.allclose(loss, expected, rtol=1e-6, atol=0)
+    for (name, p), q in zip(model.named_parameters(), base.parameters()):
+        grad = p.grad[:30] if name in ("0.wte.weight", "2.lm_head.weight") else p.grad
+        assert torch.allclose(grad, q.grad, rtol=1e-4, atol=1e-7), name
+    assert model[0].wte.weight.grad[30:].abs().sum() == 0  # the padding's rows: no token's
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("--mesh dp=3", "dp=3 is not a power of two"),
+    ("--mesh dp=2 --shards 6", "--shards 6 with --batch 8 and dp=2"),
+    ("--mesh pp=4 --untied --blocks 4 --shards 2 --batch 4", "2 microbatches for 4 pipeline"),
+    ("--mesh tp=2 --chunks 8", "the heads (4) do not split into 8"),
+    ("--mesh tp=4 --chunks 2", "--chunks 2 at tp=4"),
+    ("--mesh dp=2 --impl stock", "stock has no invariant mode"),
+    ("--mesh tp=2 --chunks 4 --sequence-parallel --recompute full", None),
+])
+def test_what_the_mode_cannot_order_is_one_line_before_any_group(flags, message):
+    from helpers import REPO, load_script
+    from minddp import UsageError
+    script = load_script(REPO / "examples" / "gpt_nd.py")
+    args = script.parser().parse_args(["--invariant", *flags.split()])
+    world = 1
+    for part in args.mesh.split(","):
+        world *= int(part.split("=")[1])
+    if message is None:  # taken: the invariant mode runs it
+        assert script.checked(args, world).invariant
+        return
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        script.checked(args, world)

@@ -17,6 +17,7 @@ Read in this order:
     shards.py  the batch in virtual shards, each its own backward; the sum over dp; dropout
     chunks.py  tensor parallelism in chunks, the same chunks at every tp
     tokens.py  the sums over tokens (LayerNorms, a row split's bias); sequence parallel
+    vocab.py   the vocabulary in chunks: the embedding, the loss's softmax, its gradient
     clip.py    the clip's norm from whole gradients, in the model's order
     plan.py    what the mode asks of a mesh, refused in one line before any group
 The example: examples/gpt_nd.py --invariant (examples/break_invariant.py turns one order

@@ -61,7 +61,17 @@ class _Leave(torch.autograd.Function):
         return (None, None, *([whole] * ctx.n))  # a sum's gradient reaches each part whole
 
 
-def _chunks(weight, n, dim):
+def enter_chunks(x, n, group, sequence_group=None):
+    """n tensors of x, whole, one per chunk of this rank; backward: the sum over chunks."""
+    return _Enter.apply(x, n, group, sequence_group)
+
+
+def sum_chunks(group, sequence_group, *partials):
+    """The sum of every rank's chunks' partial outputs, in the tree's order."""
+    return _Leave.apply(group, sequence_group, *partials)
+
+
+def fresh_chunks(weight, n, dim):
     """This rank's chunks of a weight, each a fresh tensor (a slice's bytes, copied)."""
     return [c.clone() for c in weight.chunk(n, dim)]
 
@@ -94,11 +104,11 @@ def _block_forward(block, mine, group, sequence_group, token_chunks, drop, x):
 
 def _attention(block, mine, group, sequence_group, token_chunks, x):
     attn = block.attn
-    inputs = _Enter.apply(layer_norm(block.ln1, x, token_chunks, sequence_group), mine,
+    inputs = enter_chunks(layer_norm(block.ln1, x, token_chunks, sequence_group), mine,
                           group, sequence_group)
-    weights = [list(zip(_chunks(lin.weight, mine, 0), _chunks(lin.bias, mine, 0)))
+    weights = [list(zip(fresh_chunks(lin.weight, mine, 0), fresh_chunks(lin.bias, mine, 0)))
                for lin in (attn.q, attn.k, attn.v)]
-    outs = _chunks(attn.o.weight, mine, 1)
+    outs = fresh_chunks(attn.o.weight, mine, 1)
     partials = []
     for c, h in enumerate(inputs):  # chunk c: its own heads, whole
         B, T, _ = h.shape
@@ -106,17 +116,17 @@ def _attention(block, mine, group, sequence_group, token_chunks, x):
                    for w, b in (weights[0][c], weights[1][c], weights[2][c]))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         partials.append(F.linear(y.transpose(1, 2).reshape(B, T, -1), outs[c]))
-    out = _Leave.apply(group, sequence_group, *partials)
+    out = sum_chunks(group, sequence_group, *partials)
     return add_bias(out, attn.o.bias, token_chunks, sequence_group)
 
 
 def _mlp(block, mine, group, sequence_group, token_chunks, x):
     mlp = block.mlp
-    inputs = _Enter.apply(layer_norm(block.ln2, x, token_chunks, sequence_group), mine,
+    inputs = enter_chunks(layer_norm(block.ln2, x, token_chunks, sequence_group), mine,
                           group, sequence_group)
-    ups = zip(_chunks(mlp.up.weight, mine, 0), _chunks(mlp.up.bias, mine, 0))
-    downs = _chunks(mlp.down.weight, mine, 1)
+    ups = zip(fresh_chunks(mlp.up.weight, mine, 0), fresh_chunks(mlp.up.bias, mine, 0))
+    downs = fresh_chunks(mlp.down.weight, mine, 1)
     partials = [F.linear(F.gelu(F.linear(h, w, b)), down)
                 for h, (w, b), down in zip(inputs, ups, downs)]
-    out = _Leave.apply(group, sequence_group, *partials)
+    out = sum_chunks(group, sequence_group, *partials)
     return add_bias(out, mlp.down.bias, token_chunks, sequence_group)

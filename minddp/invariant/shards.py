@@ -24,7 +24,6 @@ import weakref
 import torch
 
 from ..fsdp.param import unit_of
-from ..launch.usage_error import UsageError
 from .tree import Folder, tree_sum
 
 

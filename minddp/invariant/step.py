@@ -19,6 +19,9 @@ sum below is added in an order that the mesh chooses; the invariant mode gives i
   a row split's output   each tp rank's slice of K, all_reduce   C chunks, each alone, the
   a column split's       the same, in backward                   tree over chunks (chunks.py)
     input gradient
+  the vocabulary's       vocabulary-parallel: each tp rank's     C chunks of rows, the tree
+    softmax sum, the       rows, then all_reduce                   (vocab.py)
+    head's input grad
   LayerNorm weights,     sequence parallel: each tp rank's       C token chunks, the tree
     a row split's bias   tokens, then all_reduce
   the loss               each dp rank's mean, then all_reduce    the shards' losses, the tree
@@ -38,7 +41,6 @@ that splits a sum over threads adds in the threads' order).
 """
 
 import torch
-import torch.nn.functional as F
 
 from ..memory.recompute import checkpoint_module
 from ..mesh.compose import blocks_of
@@ -47,11 +49,7 @@ from .chunks import chunk_block
 from .clip import clip_grad_norm_
 from .shards import ShardDropout, ShardGradients, shard_loss
 from .tokens import sequence_parallel_between
-
-
-def next_token_loss(logits, targets):
-    """A shard's loss: the mean over its tokens (the step's: the mean over shards)."""
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+from .vocab import chunk_vocabulary
 
 
 class InvariantTraining:
@@ -85,8 +83,10 @@ class InvariantTraining:
                 if recompute is not None:  # after the chunks: the second forward runs them
                     checkpoint_module(block, save_ops=recompute)
                 block.register_forward_pre_hook(self.dropout.seed_block(index))
+        held = [m if any(m is s for s in stage) else None for m in (model[0], model[-1])]
+        vocab = model[0].wte.num_embeddings  # (the whole model: any stage knows it)
+        self.loss_fn = chunk_vocabulary(*held, chunks, vocab, tp_group)
         if sp:
-            held = [m if any(m is s for s in stage) else None for m in (model[0], model[-1])]
             sequence_parallel_between(*held, tp_group)
         if dp == "fsdp" and self.dp > 1:  # 3. dp: sharded weights; the sum is ours (shards.py)
             for block in blocks_of(stage):
@@ -97,7 +97,7 @@ class InvariantTraining:
         self.schedule = None
         if pp > 1:  # 4. the shards are the microbatches, in order, as 1F1B runs them
             here = PipelineStage(stage, pp_rank, pp, torch.device("cpu"), group=self.pp_group)
-            self.schedule = Schedule1F1B(here, self.here, loss_fn=next_token_loss)
+            self.schedule = Schedule1F1B(here, self.here, loss_fn=self.loss_fn)
         self.first, self.last = pp_rank == 0, pp_rank == pp - 1
 
     def mine(self, tensor):
@@ -117,7 +117,7 @@ class InvariantTraining:
                                losses=losses if self.last else None)
         else:
             for xs, ys in zip(x.chunk(self.here), y.chunk(self.here)):  # a backward a shard
-                loss = next_token_loss(self.stage(xs), ys)
+                loss = self.loss_fn(self.stage(xs), ys)
                 loss.backward()
                 losses.append(loss.detach())
         whole = self.grads.reduce()  # the tree over shards, then over dp; / V

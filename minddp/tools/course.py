@@ -40,8 +40,8 @@ PARTS = [  # (the chapter's folder, or a heading; its files in the order to read
     ("cp", ["blockwise.py", "ring.py", "ring_attention.py", "context_parallel.py",
             "examples/context.py"]),
     ("ep", ["experts.py", "parallel.py", "examples/experts.py"]),
-    ("invariant", ["step.py", "tree.py", "shards.py", "chunks.py", "tokens.py", "clip.py",
-                   "plan.py"]),
+    ("invariant", ["step.py", "tree.py", "shards.py", "chunks.py", "tokens.py", "vocab.py",
+                   "clip.py", "plan.py"]),
     ("Features and failures, each a small diff of manual_ddp.py", [
         "examples/accumulate.py", "examples/restart.py", "examples/uneven.py",
         "examples/break_ddp.py", "examples/break_fsdp.py", "examples/break_tp.py",
