@@ -6,6 +6,7 @@
     minddp diff runs/nd.txt runs/nd-stock.txt          # IDENTICAL
     torchrun --nproc_per_node=4 examples/gpt_nd.py --mesh pp=2,dp=2 --untied
     torchrun --nproc_per_node=8 examples/gpt_nd.py --mesh pp=2,dp=2,tp=2 --untied --clip 0.1
+    torchrun --nproc_per_node=4 examples/gpt_nd.py --mesh dp_replicate=2,dp_shard=2   # HSDP
     torchrun --nproc_per_node=2 examples/gpt_nd.py --recompute selective --dropout 0.1
 
 nanoGPT's shape at CPU sizes (minddp.bench.transformer.gpt: token and learned position
@@ -14,7 +15,8 @@ token embedding), trained with AdamW on random token sequences, next-token loss.
 (--mesh, outermost first) is built by minddp's init_device_mesh or stock's, and the model
 is parallelized in torchtitan's order (minddp/mesh/compose.py): cut into pipeline stages over pp
 (1F1B, max(2, pp) microbatches), each block's layers split over tp, then fully_shard (or
---dp ddp) over dp. Each dp rank trains on its own batches; the tp ranks of one dp rank share them.
+--dp ddp) over dp, or over the 2-D (dp_replicate, dp_shard) as HSDP. Each dp rank trains on its
+own batches (HSDP's numbered row by row); the tp ranks of one dp rank share them.
 --recompute runs each block under checkpoint (minddp/memory/recompute.py; stock's composable
 checkpoint), after TP and before fully_shard: full keeps only the block's input, selective
 the matmuls' and attention's outputs too; --dropout puts nanoGPT's residual dropout in.
@@ -33,8 +35,9 @@ SIZES = dict(vocab=32, d=16, heads=4, tokens=8)
 
 def parser():
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mesh", help="dimensions outermost first, e.g. pp=2,dp=2,tp=2 (their"
-                   " product: the world size; default: dp=the world size)")
+    p.add_argument("--mesh", help="dimensions outermost first, e.g. pp=2,dp=2,tp=2 or"
+                   " dp_replicate=2,dp_shard=2 (HSDP; their product: the world size; default:"
+                   " dp=the world size)")
     p.add_argument("--impl", default="manual", choices=["manual", "stock"],
                    help="minddp's mesh, TP, FSDP, DDP and pipeline, or stock PyTorch's")
     p.add_argument("--dp", default="fsdp", choices=["fsdp", "ddp"],
@@ -72,6 +75,10 @@ def checked(args, world_size=None):
     check_fits(args.shape, args.names, world_size, heads=SIZES["heads"], blocks=args.blocks,
                tied=not args.untied, dp=None if args.invariant else args.dp)
     pp, tp = (dict(zip(args.names, args.shape)).get(n, 1) for n in ("pp", "tp"))
+    if args.invariant and "dp_shard" in args.names:
+        raise UsageError("--invariant with dp_replicate and dp_shard: the invariant mode's data"
+                         " parallel is one dimension, dp", hint="--invariant --mesh dp=N (HSDP"
+                         " is the normal mode's)", same_on_every_rank=True)
     if args.invariant:
         from minddp.invariant.plan import check_invariant
         args.batch = args.batch or 8
@@ -145,8 +152,13 @@ def main(env, args):
     first = coordinate.get("pp", 0) == 0
     last = coordinate.get("pp", 0) == mesh["pp"].size() - 1 if pp else True
 
+    size = dict(zip(args.names, args.shape))
+    # each dp rank its own batches; HSDP's dp ranks row by row: dp_replicate r, dp_shard s
+    # is r * dp_shard + s
+    dp_rank = coordinate.get("dp", coordinate.get("dp_replicate", 0) * size.get("dp_shard", 1)
+                             + coordinate.get("dp_shard", 0))
     for step in range(args.steps):
-        x, y = batch(args, step, coordinate.get("dp", 0), env.device)
+        x, y = batch(args, step, dp_rank, env.device)
         optimizer.zero_grad()
         if pp:  # the first stage feeds the tokens, the last computes the loss
             losses = []

@@ -155,7 +155,8 @@ def _mesh_bench(rank, world_size):
     import torch
     from minddp.bench.mesh import measure
     return {(text, impl): measure(text, impl, 8, torch.device("cpu"))
-            for text in ("dp=2,tp=2", "pp=2,dp=2") for impl in ("manual", "stock")}
+            for text in ("dp=2,tp=2", "pp=2,dp=2", "dp_replicate=2,dp_shard=2")
+            for impl in ("manual", "stock")}
 
 
 share_spawn(_mesh_bench, [4])
@@ -178,6 +179,11 @@ def test_mesh_bench_holds_the_formula_and_sends_what_the_composition_says():
         # fully_shard over dp: minddp passes its collectives what stock's passes
         for text in ("dp=2,tp=2", "pp=2,dp=2"):
             assert result[text, "manual"]["sent"]["dp"] == result[text, "stock"]["sent"]["dp"]
+        # HSDP: all_gathers and reduce_scatters within dp_shard, all_reduces down dp_replicate
+        hsdp = {impl: result["dp_replicate=2,dp_shard=2", impl]["sent"] for impl in ("manual",
+                                                                                  "stock")}
+        assert hsdp["manual"] == hsdp["stock"] and set(hsdp["stock"]) == {"dp_replicate",
+                                                                          "dp_shard"}, hsdp
         pp_stock = result["pp=2,dp=2", "stock"]["sent"]["pp"]
         pp_mine = result["pp=2,dp=2", "manual"]["sent"]["pp"]
         # 2 stages: the first sends each microbatch's activations on, the last their gradients

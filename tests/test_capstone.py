@@ -5,7 +5,8 @@ composition against stock's, gradient tables IDENTICAL; and the mesh refused bef
 
 The example's main() runs on the suite's shared spawns (2 ranks: dp=2, tp=2 and pp=2 with
 --recompute and dropout; 4 ranks: --mesh dp=2,tp=2 with fully_shard and with DDP,
-pp=2,dp=2; 8 ranks: pp=2,dp=2,tp=2), with --impl manual and stock,
+pp=2,dp=2, HSDP's dp_replicate=2,dp_shard=2 and dp_replicate=2,dp_shard=1,tp=2; 8 ranks:
+pp=2,dp=2,tp=2), with --impl manual and stock,
 each writing its gradient table; `minddp diff` must call each pair IDENTICAL. One torchrun
 launch (2 ranks, --mesh tp=2) runs the script as a user does, to its clean exit.
 """
@@ -34,7 +35,8 @@ MESHES = {2: ["--mesh dp=2 --dropout 0.1", "--mesh dp=2 --dropout 0.1 --recomput
               "--mesh tp=2 --dropout 0.1 --recompute full",
               "--mesh pp=2 --untied --dropout 0.1 --recompute selective"],
           4: ["--mesh dp=2,tp=2 --clip 0.1", "--mesh dp=2,tp=2 --dp ddp",
-              "--mesh pp=2,dp=2 --untied --clip 0.1"],
+              "--mesh pp=2,dp=2 --untied --clip 0.1", "--mesh dp_replicate=2,dp_shard=2 --clip 0.1",
+              "--mesh dp_replicate=2,dp_shard=1,tp=2 --clip 0.1"],
           8: ["--mesh pp=2,dp=2,tp=2 --untied --clip 0.1"]}
 
 
@@ -103,6 +105,13 @@ def test_clip_with_ddp_over_tp_is_refused_in_one_line():
         example.checked(args, 4)
 
 
+def test_hsdp_in_the_invariant_mode_is_refused_in_one_line():
+    example = load_script(SCRIPT)
+    args = example.parser().parse_args(["--mesh", "dp_replicate=2,dp_shard=2", "--invariant"])
+    with pytest.raises(UsageError, match="^--invariant with dp_replicate and dp_shard: the"):
+        example.checked(args, 4)
+
+
 def test_recomputation_changes_no_number():
     # --recompute selective against none, both minddp's, dropout on: the same table (the
     # checkpoint keeps the blocks' parameter names; the masks are drawn again the same)
@@ -140,6 +149,16 @@ def test_each_rank_holds_its_share_of_the_weights():
         "layers 0-1 of 4, holds 1164 of 7744 weight elements (15.0%)",
         "layers 2-3 of 4, holds 1116 of 7744 weight elements (14.4%)"}
     assert "[rank5] mesh (pp 1/2, dp 0/2, tp 1/2): layers 2-3" in "".join(firsts)
+
+
+def test_an_hsdp_rank_holds_its_shard_share_and_names_its_replicas():
+    printed = shared_results(_train, 4)
+    flags = "--mesh dp_replicate=2,dp_shard=2 --clip 0.1"
+    firsts = [lines[flags, "manual"][0] for lines in printed]
+    # every weight cut in two over dp_shard; ranks 0 and 2 (1 and 3) hold the same rows
+    assert firsts[2] == "[rank2] mesh (dp_replicate 1/2, dp_shard 0/2): layers 0-3 of 4, holds" \
+        " 3616 of 7232 weight elements (50.0%), the same shards as ranks [0, 2]", firsts
+    assert firsts[1].endswith("(50.0%), the same shards as ranks [1, 3]"), firsts
 
 
 @pytest.mark.parametrize("world_size, flags", [(w, f) for w, fs in MESHES.items() for f in fs
@@ -197,6 +216,8 @@ def test_a_mesh_that_does_not_fit_is_refused_before_torch_loads():
     ("pp=2,dp=2", 4, {"tied": False, "dp": "ddp"}, "--mesh pp=2,dp=2 --dp ddp: minddp's"
      " pipeline runs fully_shard-ed stages, not DDP-wrapped ones"),
     ("dp=2,tp=2", 8, {}, "--mesh dp=2,tp=2 holds 4 ranks, but the world has 8"),
+    ("dp_replicate=2,dp_shard=2", 4, {"dp": "ddp"}, "--mesh dp_replicate=2,dp_shard=2 --dp"
+     " ddp: dp_replicate and dp_shard are fully_shard's (HSDP)"),
 ])
 def test_what_the_mesh_asks_of_the_model_is_one_line(mesh, world_size, extra, message):
     shape, names = parse_mesh(mesh)
@@ -207,12 +228,18 @@ def test_what_the_mesh_asks_of_the_model_is_one_line(mesh, world_size, extra, me
 
 @pytest.mark.parametrize("text, message", [
     ("tp=2,dp=2", "--mesh tp=2,dp=2: dimensions go outermost first, dp, tp"),
-    ("ep=2", "--mesh ep=2: dimension 'ep' is not one of pp, dp, tp"),
+    ("ep=2", "--mesh ep=2: dimension 'ep' is not one of pp, dp, dp_replicate, dp_shard, tp"),
     ("dp=two", "--mesh dp=two: dp=two is not a count of ranks"),
     ("dp=2,dp=2", "--mesh dp=2,dp=2: dp appears twice"),
+    ("dp_shard=2,dp_replicate=2", "--mesh dp_shard=2,dp_replicate=2: dimensions go outermost"
+     " first, dp_replicate, dp_shard"),
+    ("dp=2,dp_shard=2", "--mesh dp=2,dp_shard=2: dp with dp_replicate or dp_shard"),
+    ("dp_replicate=2,tp=2", "--mesh dp_replicate=2,tp=2: dp_replicate without dp_shard"),
 ])
 def test_a_mesh_flag_that_does_not_parse_is_one_line(text, message):
     with pytest.raises(UsageError) as error:
         parse_mesh(text)
     assert error.value.message == message
     assert parse_mesh("pp=2,dp=1,tp=4") == ((2, 1, 4), ("pp", "dp", "tp"))
+    assert parse_mesh("pp=2,dp_replicate=2,dp_shard=1,tp=2") == (
+        (2, 2, 1, 2), ("pp", "dp_replicate", "dp_shard", "tp"))

@@ -1,6 +1,7 @@
 """minddp's fully_shard (FSDP by hand) against PyTorch's fully_shard, bit for bit.
 
     pytest tests/test_fsdp.py
+    pytest tests/test_fsdp.py -k hsdp    # on a 2-D mesh (HSDP), 4 ranks
 
 One spawn per world size runs every case: the same model, the same batches, once under
 stock `fully_shard` and once under minddp's; after every step each rank's shards must be
@@ -8,21 +9,31 @@ stock `fully_shard` and once under minddp's; after every step each rank's shards
 CPU that is the default anyway). Each case is a test of its own, named on failure; the
 cases of one world size share that world size's spawn. "minddp" is `minddp.fully_shard`
 (the drop-in), "lesson" the lecture's `minddp.fsdp.shard.fully_shard` under it (fp32 cases).
+HSDP (dropin/hsdp.py): at 4 ranks, fully_shard on a 2-D mesh (dp_replicate, dp_shard) of
+2 x 2, 1 x 4 and 4 x 1, each data-parallel rank its own batches, beside stock's: after each
+AdamW step the loss, every rank's gradient blocks, shards and their placements equal.
 """
 
+import atexit
 import copy
+import shutil
+import tempfile
 
 import pytest
 import torch
 import torch.nn as nn
+import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh as stock_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy as StockPolicy
 from torch.distributed.fsdp import fully_shard as stock_fully_shard
 
 from helpers import share_spawn, shared_results, usage_errors
 from minddp import ManualDDP
-from minddp import MixedPrecisionPolicy, fully_shard
+from minddp import MixedPrecisionPolicy, UsageError, fully_shard
+from minddp.bench.transformer import Block as GPTBlock
 from minddp.fsdp.shard import fully_shard as lesson_fully_shard
+from minddp.mesh.device_mesh import DeviceMesh, init_device_mesh
 from minddp.tools.whole_tensors import full_gradients, full_state_dict, load_full_state_dict
 
 
@@ -279,3 +290,190 @@ def test_a_mistake_is_one_line(mistake, message):
         assert message in out["mistakes"][mistake], out["mistakes"][mistake]
     if mistake == "optimizer_first":
         assert "build the optimizer" in out["mistakes"][mistake]
+
+
+# HSDP: minddp.fully_shard on a 2-D mesh (dim 0 replicates, dim 1 shards) beside stock's.
+HSDP_NAMES = ("dp_replicate", "dp_shard")
+HSDP_MODELS = {"mlp": (mlp, lambda m: [m[0], m[2], m[4]]),  # rows 7, 5, 3: padded at 2 and 4
+               "mlp-fp16": (lambda: mlp().half(), lambda m: [m[0], m[2], m[4]]),
+               "blocks": (lambda: nn.Sequential(GPTBlock(), GPTBlock()), list)}
+# (model, mesh shape, variant): fp32; bf16 compute, fp32 reduce; 2 microbatches a step, the
+# first with set_requires_gradient_sync(False); the blocks kept whole after forward
+HSDP_CASES = [("mlp", (2, 2), "fp32"), ("mlp", (2, 2), "bf16"), ("mlp", (2, 2), "microbatches"),
+              ("blocks", (2, 2), "fp32"), ("blocks", (2, 2), "bf16"),
+              ("blocks", (2, 2), "microbatches"), ("blocks", (2, 2), "bf16-microbatches"),
+              ("blocks", (2, 2), "no_reshard"),
+              ("mlp", (1, 4), "fp32"), ("blocks", (1, 4), "fp32"), ("mlp", (4, 1), "fp32"),
+              ("blocks", (4, 1), "fp32"), ("blocks", (4, 1), "bf16"),
+              ("blocks", (4, 1), "microbatches")]
+
+
+def _hsdp_both(name, shape, variant):
+    """The same model twice, on a 2-D mesh: sharded by stock's fully_shard, then minddp's."""
+    build, units = HSDP_MODELS[name]
+    torch.manual_seed(0)
+    base = build()
+    models = []
+    for shard, policy, make_mesh in ((stock_fully_shard, StockPolicy, stock_mesh),
+                                     (fully_shard, MixedPrecisionPolicy, init_device_mesh)):
+        mesh = make_mesh("cpu", shape, mesh_dim_names=HSDP_NAMES)
+        bf16 = "bf16" in variant
+        mp = policy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else policy()
+        model = copy.deepcopy(base)
+        for unit in units(model):
+            shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=variant != "no_reshard")
+        models.append(shard(model, mesh=mesh, mp_policy=mp))
+    return models
+
+
+def _hsdp_batch(name, step, micro, rank):
+    """Data-parallel rank `rank`'s batch (the mesh spans the world: its global rank)."""
+    g = torch.Generator().manual_seed(100 * step + 10 * micro + rank)
+    if name == "blocks":
+        return torch.randn(2, 8, 16, generator=g), torch.randn(2, 8, 16, generator=g)
+    return torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
+
+
+def _hsdp_seen(model):
+    """This rank's gradient blocks, shards and their placements, as they are now."""
+    return ({n: p.grad.to_local().clone() for n, p in model.named_parameters()},
+            {n: p.to_local().detach().clone() for n, p in model.named_parameters()},
+            {n: (p.placements, p.device_mesh.mesh.tolist(), p.shape)
+             for n, p in model.named_parameters()})
+
+
+def _hsdp_case(rank, name, shape, variant, steps=3):
+    """Per AdamW step: the first differences between stock's and minddp's, or "equal"."""
+    models = _hsdp_both(name, shape, variant)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+                  for m in models]
+    microbatches = 2 if "microbatches" in variant else 1
+    verdicts = []
+    for step in range(steps):
+        seen = []
+        for model, optimizer in zip(models, optimizers):
+            optimizer.zero_grad()
+            losses = []
+            for micro in range(microbatches):
+                model.set_requires_gradient_sync(micro == microbatches - 1)
+                x, y = _hsdp_batch(name, step, micro, rank)
+                loss = F.mse_loss(model(x).float(), y)
+                loss.backward()
+                losses.append(loss.detach())
+            grads = _hsdp_seen(model)[0]
+            optimizer.step()
+            seen.append((torch.stack(losses), grads, *_hsdp_seen(model)[1:]))
+        (loss_s, grads_s, shards_s, where_s), (loss_m, grads_m, shards_m, where_m) = seen
+        differ = ([] if torch.equal(loss_s, loss_m) else ["loss"]) + \
+            [f"grad {n}" for n in grads_s if not torch.equal(grads_s[n], grads_m[n])] + \
+            [f"shard {n}" for n in shards_s if not torch.equal(shards_s[n], shards_m[n])] + \
+            [f"placement {n}: {where_m[n]}" for n in where_s if where_s[n] != where_m[n]]
+        verdicts.append(differ[:3] or "equal")
+    return verdicts
+
+
+def _hsdp_whole(rank, folder):
+    """What torch's utilities see on the 2 x 2 mesh: full_tensor() of the weights and
+    gradients, clip_grad_norm_, the state_dict, and a distributed checkpoint of each."""
+    models = _hsdp_both("blocks", (2, 2), "fp32")
+    for model in models:
+        x, y = _hsdp_batch("blocks", 0, 0, rank)
+        F.mse_loss(model(x), y).backward()
+    seen = []
+    for who, model in zip(("stock", "minddp"), models):
+        whole = {n: (p.full_tensor(), p.grad.full_tensor()) for n, p in model.named_parameters()}
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01, foreach=False)
+        clipped = {n: p.grad.to_local().clone() for n, p in model.named_parameters()}
+        state = {n: (t.placements, t.to_local().clone()) for n, t in model.state_dict().items()}
+        dcp.save(model.state_dict(), checkpoint_id=f"{folder}/{who}")
+        seen.append((whole, norm.full_tensor(), clipped, state))
+    differ = [what for i, what in enumerate(["whole weights and gradients", "norm",
+                                             "clipped gradients", "state_dict"])
+              if not _same(seen[0][i], seen[1][i])]
+    # minddp's checkpoint loaded into stock's model sharded from other weights (dcp.load
+    # writes into the DTensors in place): minddp's shards, on every rank.
+    torch.manual_seed(1)
+    other = nn.Sequential(GPTBlock(), GPTBlock())
+    mesh = stock_mesh("cpu", (2, 2), mesh_dim_names=HSDP_NAMES)
+    for unit in [*other, other]:
+        stock_fully_shard(unit, mesh=mesh)
+    state = other.state_dict()
+    dcp.load(state, checkpoint_id=f"{folder}/minddp")
+    if not _same({n: t.to_local() for n, t in state.items()},
+                 {n: p.to_local() for n, p in models[1].state_dict().items()}):
+        differ.append("stock loading minddp's checkpoint")
+    layouts = [dcp.FileSystemReader(f"{folder}/{who}").read_metadata().state_dict_metadata
+               for who in ("stock", "minddp")]
+    if layouts[0] != layouts[1]:
+        differ.append("the checkpoints' metadata")
+    return differ
+
+
+def _hsdp_fp16(rank):
+    """float16 gradients whose sum over 4 ranks passes float16's largest (65504): stock
+    divides by 2 before the sum and by 2 after (divide_factors), and stays finite.
+    Per mesh: (equal to stock's, stock's all finite, stock's largest |gradient|)."""
+    seen = {}
+    for shape in ((1, 4), (4, 1)):
+        grads = []
+        for model in _hsdp_both("mlp-fp16", shape, "fp32"):
+            x = _hsdp_batch("mlp", 0, 0, rank)[0].half()
+            (model(x).float().sum() * 5000).backward()  # the last bias' gradient: 4 x 5000
+            grads.append({n: p.grad.to_local() for n, p in model.named_parameters()})
+        stock, ours = grads
+        seen[shape] = (all(torch.equal(stock[n], ours[n]) for n in stock),
+                       all(bool(g.isfinite().all()) for g in stock.values()),
+                       max(float(g.abs().max()) for g in stock.values() if g.numel()))
+    return seen
+
+
+def _same(a, b):
+    """a == b, tensors by torch.equal, nested in dicts and tuples."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b) if torch.is_tensor(a) else a == b
+
+
+def _hsdp(rank, world_size, folder):
+    return {"cases": {case: _hsdp_case(rank, *case) for case in HSDP_CASES},
+            "whole": _hsdp_whole(rank, folder), "fp16": _hsdp_fp16(rank)}
+
+
+HSDP_FOLDER = tempfile.mkdtemp(prefix="minddp-hsdp-")  # the checkpoints: every rank writes
+atexit.register(shutil.rmtree, HSDP_FOLDER, True)
+share_spawn(_hsdp, [4], HSDP_FOLDER)
+
+
+@pytest.mark.parametrize("case", HSDP_CASES, ids=lambda c: f"{c[0]}-{c[1][0]}x{c[1][1]}-{c[2]}")
+def test_hsdp_on_a_2d_mesh_is_bitwise_stocks(case):
+    for rank, out in enumerate(shared_results(_hsdp, 4)):
+        assert out["cases"][case] == ["equal"] * 3, f"rank {rank}: {out['cases'][case]}"
+
+
+def test_hsdp_whole_tensors_clip_and_checkpoint_are_stocks():
+    for rank, out in enumerate(shared_results(_hsdp, 4)):
+        assert out["whole"] == [], f"rank {rank}: {out['whole']}"
+
+
+@pytest.mark.parametrize("shape", [(1, 4), (4, 1)])
+def test_hsdp_in_float16_divides_before_and_after_the_sum_as_stock(shape):
+    seen = [out["fp16"][shape] for out in shared_results(_hsdp, 4)]
+    assert all(equal and finite for equal, finite, _ in seen), seen
+    # the case bites: 4 ranks' values of this size, summed in float16, are inf
+    assert max(largest for _, _, largest in seen) * 4 > torch.finfo(torch.float16).max, seen
+
+
+@pytest.mark.parametrize("shape, names, message", [
+    ((1, 2, 2), ("dp_replicate", "dp_shard", "tp"),
+     "fully_shard on a 3-D mesh: it takes a 1-D mesh (FSDP) or a 2-D one (HSDP)"),
+    ((2, 2), None, "fully_shard on a 2-D mesh (HSDP) without mesh_dim_names")])
+def test_a_mesh_fully_shard_cannot_take_is_one_line_before_any_collective(shape, names, message):
+    # No process group exists here: the refusal comes before anything that would need one.
+    mesh = DeviceMesh("cpu", shape, names or ("a", "b"), groups=[None] * len(shape), rank=0)
+    if names is None:
+        mesh.mesh_dim_names = None  # (stock's init_device_mesh leaves them None if not given)
+    with pytest.raises(UsageError) as error:
+        fully_shard(nn.Linear(2, 2), mesh=mesh)
+    assert error.value.message == message and error.value.same_on_every_rank

@@ -4,11 +4,12 @@
 
 One spawn of 4 ranks (and one of 8) builds stock's mesh and minddp's for every shape of that
 world size and compares, dimension by dimension, the ranks of this rank's group, its slice,
-its coordinates and its place in each group. On the same spawn, compositions of lessons on
-2-D meshes of 4 ranks train beside stock's same composition from the same weights and
-batches: DDP (dp) x TP (tp), FSDP (dp) x TP with sequence parallel (tp), PP (pp) x FSDP (dp).
-After each of 3 AdamW steps the loss, every gradient (this rank's part, as stock holds it)
-and every weight must be torch.equal on every rank.
+its coordinates and its place in each group, and the slices of several dimensions. On the
+same spawn, compositions of lessons on meshes of 4 ranks train beside stock's same
+composition from the same weights and batches: DDP (dp) x TP (tp), FSDP (dp) x TP with
+sequence parallel (tp), PP (pp) x FSDP (dp), HSDP (dp_replicate, dp_shard) x TP with
+sequence parallel (tp, 8 ranks too). After each of 3 AdamW steps the loss, every gradient
+(this rank's part, as stock holds it) and every weight must be torch.equal on every rank.
 """
 
 import contextlib
@@ -69,6 +70,17 @@ def _groups(rank, world_size):
                         want[here + 1] if here + 1 < len(want) else None)
             if mine.neighbours(name) != expected:
                 problems.append(f"{case} {name}: neighbours {mine.neighbours(name)}")
+        # Slices of several dimensions, in the mesh's order (HSDP's ("dp_replicate", "dp_shard"))
+        for k in range(2, len(names) + 1):
+            for sub in itertools.combinations(names, k):
+                theirs, ours = stock[sub], mine[sub]
+                if (ours.mesh.tolist(), ours.mesh_dim_names, ours.get_coordinate()) != (
+                        theirs.mesh.tolist(), theirs.mesh_dim_names, list(theirs.get_coordinate())):
+                    problems.append(f"{case} {sub}: slice {ours}")
+                for name in sub:
+                    if members(ours.get_group(name)) != dist.get_process_group_ranks(
+                            theirs.get_group(name)):
+                        problems.append(f"{case} {sub}: its {name} group")
     return problems
 
 
@@ -107,11 +119,16 @@ def _ddp(who, model, mesh):
     return {"stock": DDP, "minddp": ManualDDP}[who](model, device_mesh=mesh["dp"])
 
 
-def _fsdp(who, model, mesh):
+def _fsdp(who, model, mesh, dp=("dp",)):
     shard = {"stock": stock_fully_shard, "minddp": minddp.fully_shard}[who]
     for block in model:
-        shard(block, mesh=mesh["dp"])
-    return shard(model, mesh=mesh["dp"])
+        shard(block, mesh=mesh[dp])
+    return shard(model, mesh=mesh[dp])
+
+
+def _hsdp(who, model, mesh):
+    """fully_shard on the 2-D (dp_replicate, dp_shard) slice of a 3-D mesh, as torchtitan."""
+    return _fsdp(who, model, mesh, ("dp_replicate", "dp_shard"))
 
 
 def _no_sync(model, sync):
@@ -127,19 +144,28 @@ def _no_sync(model, sync):
 #        microbatches per step: all but the last without the gradients' sync)
 COMPOSITIONS = {"ddp x tp": (TP_PLAN, _ddp, False, 1), "fsdp x tp+sp": (SP_PLAN, _fsdp, True, 1),
                 "ddp x tp+sp, 2 microbatches": (SP_PLAN, _ddp, True, 2),
-                "fsdp x tp+sp, 2 microbatches": (SP_PLAN, _fsdp, True, 2)}
+                "fsdp x tp+sp, 2 microbatches": (SP_PLAN, _fsdp, True, 2),
+                "hsdp 2 x 1 x tp+sp, 2 microbatches": (SP_PLAN, _hsdp, True, 2),
+                "hsdp 1 x 2 x tp+sp": (SP_PLAN, _hsdp, True, 1)}
+EIGHT = {"hsdp 2 x 2 x tp+sp": (SP_PLAN, _hsdp, True, 1)}  # (in the 8-rank spawn)
+# The mesh of each HSDP composition: fully_shard on the 2-D (dp_replicate, dp_shard) slice
+HSDP_NAMES = ("dp_replicate", "dp_shard", "tp")
+MESH_OF = {"hsdp 2 x 1 x tp+sp, 2 microbatches": ((2, 1, 2), HSDP_NAMES),
+           "hsdp 1 x 2 x tp+sp": ((1, 2, 2), HSDP_NAMES),
+           "hsdp 2 x 2 x tp+sp": ((2, 2, 2), HSDP_NAMES)}
 
 
 def _composition(rank, world_size, name, steps=3):
     """A data-parallel wrapper over dp of TP over tp: parallelize_module first, as torchtitan.
     Accumulating over microbatches, SP's LayerNorm gradients are each rank's sum of its
     microbatches, then summed over tp once (stock keeps them Partial until they are read)."""
-    plan, wrap, sequence, microbatches = COMPOSITIONS[name]
+    plan, wrap, sequence, microbatches = {**COMPOSITIONS, **EIGHT}[name]
     torch.manual_seed(0)
     base = torch.nn.Sequential(Block(), Block())
     models, optimizers, named = {}, {}, {}
     for who in ("stock", "minddp"):
-        mesh = MESH[who]("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        shape, names = MESH_OF.get(name, ((2, 2), ("dp", "tp")))
+        mesh = MESH[who]("cpu", shape, mesh_dim_names=names)
         model = copy.deepcopy(base)
         for block in model:
             PARALLELIZE[who](block, mesh["tp"], _plan(who, plan))
@@ -150,7 +176,8 @@ def _composition(rank, world_size, name, steps=3):
         # attribute, which named_parameters() no longer lists after the first forward).
         named[who] = dict(models[who].named_parameters())
     assert len(named["stock"]) == len(named["minddp"]) == len(list(base.parameters()))
-    dp_rank, tp_rank = mesh.get_coordinate()
+    *dp, tp_rank = mesh.get_coordinate()
+    dp_rank = dp[0] if len(dp) == 1 else dp[0] * mesh.shape[1] + dp[1]  # HSDP: row by row
     verdicts = []
     for step in range(steps):
         # each dp rank its own batch; the tp ranks of one dp rank share it
@@ -332,7 +359,8 @@ def _four(rank, world_size):
 
 
 def _eight(rank, world_size):
-    return {"groups": _groups(rank, world_size), "pp x fsdp x tp": _pp_x_fsdp_x_tp(rank, world_size)}
+    return {"groups": _groups(rank, world_size), "pp x fsdp x tp": _pp_x_fsdp_x_tp(rank, world_size),
+            **{name: _composition(rank, world_size, name) for name in EIGHT}}
 
 
 share_spawn(_four, [4])
@@ -349,13 +377,14 @@ def test_mesh_groups_are_init_device_meshs_at_8_ranks():
         assert result["groups"] == [], f"rank {rank}"
 
 
-def test_pp_x_fsdp_x_tp_on_a_3d_mesh_is_bitwise_stocks():
+@pytest.mark.parametrize("name", ["pp x fsdp x tp", *EIGHT])
+def test_a_composition_on_a_3d_mesh_of_8_is_bitwise_stocks(name):
     for rank, result in enumerate(shared_results(_eight, 8)):
-        assert result["pp x fsdp x tp"] == ["equal"] * 3, f"rank {rank}"
+        assert result[name] == ["equal"] * 3, f"{name}, rank {rank}: {result[name]}"
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_a_composition_on_a_2d_mesh_is_bitwise_stocks(name):
+def test_a_composition_on_a_mesh_of_4_is_bitwise_stocks(name):
     for rank, result in enumerate(shared_results(_four, 4)):
         assert result[name] == ["equal"] * (5 if "micro" in name else 3), f"{name}, rank {rank}"
 
@@ -392,6 +421,10 @@ def test_an_unknown_dimension_names_the_known_ones():
         mesh["pp"]
     with pytest.raises(UsageError, match="get_group\\(\\) on a 2-D mesh"):
         mesh.get_group()
+    assert mesh["dp", "tp"].mesh.tolist() == [[0, 1], [2, 3]]
+    assert mesh[("dp", "tp")].get_coordinate() == [1, 1]
+    with pytest.raises(UsageError, match=r"^mesh\[\('tp', 'dp'\)\]: dimensions go in the mesh"):
+        mesh["tp", "dp"]  # stock refuses it too (a KeyError)
 
 
 def test_ddp_takes_a_1d_mesh_and_refuses_what_stock_refuses():

@@ -12,17 +12,20 @@ Per rank, the largest over ranks, in MB: the parameters, gradients and AdamW sta
 holds after a step, and the activations autograd saves in one forward of its stage on its
 batch. "formula" is what the composition predicts for the weights: each weight of this
 rank's stage, divided by tp where TP splits it (the column splits' weights and biases, the
-row splits' weights) and by dp (fully_shard); gradients the same; AdamW two of each plus a
-4-byte step count per tensor. "sent" is the bytes passed to collectives in one step along
-each dimension (all_reduce and broadcast: the tensor; all_gather: its output; reduce_scatter:
-its input; a pipeline's isend: the tensor). Stock's DTensor sends TP's activations through
-functional collectives, which this count does not see: its tp column says what it saw.
+row splits' weights) and by dp (fully_shard; HSDP: by dp_shard, each shard replicated over
+dp_replicate); gradients the same; AdamW two of each plus a 4-byte step count per tensor.
+"sent" is the bytes passed to collectives in one step along each dimension (all_reduce and
+broadcast: the tensor; all_gather: its output; reduce_scatter: its input; a pipeline's
+isend: the tensor). Stock's DTensor sends TP's activations through functional collectives,
+which this count does not see: its tp column says what it saw.
 """
 
 from . import bench_parser, check_outputs
 
-MESHES = {4: ["dp=4", "tp=4", "pp=4", "dp=2,tp=2", "pp=2,dp=2", "pp=2,tp=2"],
-          8: ["dp=8", "dp=2,tp=4", "pp=2,dp=4", "pp=4,dp=2", "pp=2,dp=2,tp=2"]}
+MESHES = {4: ["dp=4", "tp=4", "pp=4", "dp=2,tp=2", "pp=2,dp=2", "pp=2,tp=2",
+              "dp_replicate=2,dp_shard=2"],
+          8: ["dp=8", "dp=2,tp=4", "pp=2,dp=4", "pp=4,dp=2", "pp=2,dp=2,tp=2",
+              "dp_replicate=2,dp_shard=2,tp=2"]}
 SIZES = dict(vocab=512, d=64, heads=4, blocks=4, tokens=32, tied=False)
 
 
@@ -112,7 +115,8 @@ def formula_mb(model, sizes, coordinate):
             module, attr = name.rsplit(".", 1)
             style = plan.get(module) if any(layer is b for b in blocks_of(stage)) else None
             cut = style is not None and (attr == "weight" or "Colwise" in type(style).__name__)
-            split += p.numel() * 4 / (sizes.get("tp", 1) if cut else 1) / sizes.get("dp", 1)
+            dp = sizes.get("dp", sizes.get("dp_shard", 1))  # HSDP: cut over dp_shard only
+            split += p.numel() * 4 / (sizes.get("tp", 1) if cut else 1) / dp
             count += 1
     mb = split / 2**20
     return mb, mb, 2 * mb + count * 4 / 2**20
@@ -134,7 +138,9 @@ def measure(text, impl, batch, device):
     microbatches = max(2, sizes.get("pp", 1))  # 1F1B: at least one per stage
     schedule = pipeline(stage, mesh, lib, loss_fn, microbatches) if "pp" in names else None
     first, last = coordinate.get("pp", 0) == 0, coordinate.get("pp", 0) == sizes.get("pp", 1) - 1
-    g = torch.Generator().manual_seed(coordinate.get("dp", 0))
+    dp_rank = coordinate.get("dp", coordinate.get("dp_replicate", 0) * sizes.get("dp_shard", 1)
+                             + coordinate.get("dp_shard", 0))  # HSDP's dp ranks row by row
+    g = torch.Generator().manual_seed(dp_rank)
     tokens = torch.randint(0, SIZES["vocab"], (batch, SIZES["tokens"] + 1), generator=g)
     # (contiguous: stock's pipeline stage on torch 2.11 refuses a view's strides)
     x, y = tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
@@ -170,7 +176,8 @@ def mesh_size(size, args, rank, world_size, device):
             formula = [max(r["formula"][i] for r in everyone) for i in range(3)]
             dims = sorted({d for r in everyone for d in r["sent"]})
             sent = {d: max(r["sent"].get(d, 0) for r in everyone) for d in dims}
-            label = text.replace(",", "\n") + ("\nminddp" if impl == "manual" else "\nstock")
+            short = text.replace("dp_replicate", "rep").replace("dp_shard", "shard")  # HSDP's
+            label = short.replace(",", "\n") + ("\nminddp" if impl == "manual" else "\nstock")
             rows.append({"ranks": world_size, "way": label, "mesh": text,
                          "impl": impl, "params": largest[0], "grads": largest[1],
                          "optimizer": largest[2], "activations": largest[3],

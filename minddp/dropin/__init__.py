@@ -14,6 +14,8 @@ add, on top and without changing the lessons' arithmetic, everything stock's API
     fsdp_module.py    FSDPModule: stock's module API (unshard, prefetching, no-sync), refusals
     fsdp_prefetch.py  prefetching: the next units' all_gathers on a thread, in one order
     fsdp_checks.py    what minddp.fully_shard refuses: stock-only arguments, a stale optimizer
+    hsdp.py           fully_shard on a 2-D mesh (HSDP): shard within a row, replicate down
+                      the columns, stock's reduce_scatter then all_reduce
     sp_order.py       sequence parallel's LayerNorm gradients summed in stock's order
     static_graph.py   static_graph=True: stock's bookkeeping of a graph that never changes
 Each is proved bitwise against stock in tests/ (test_contract, test_join, test_dropin,

@@ -20,6 +20,7 @@ fully_shard, each piece an override of one lesson method:
   module API       the module becomes an FSDPModule (fsdp_module.py): unshard(), reshard(),
                    prefetching, set_requires_gradient_sync, ...          (hooks, post_backward)
   torch versions   the lesson's collectives under their names before torch 2.13
+  a 2-D mesh       HSDP: sharded over dimension 1, replicated over dimension 0 (hsdp.py)
 """
 
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from ..ddp.broadcast import check_same_model
 from .fsdp_checks import mark_replaced, refuse_stale_optimizers, refuse_stock_only, replaced_by
 from .fsdp_module import FSDPModule, as_fsdp_module
 from .fsdp_prefetch import prefetch, wait_for_prefetches
+from .hsdp import Hybrid
 from .sp_order import leave_partial, summed_if_partial
 
 # torch 2.13 names the collectives all_gather_single and reduce_scatter_single, as the
@@ -61,7 +63,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, mp_policy=None
     now an FSDPModule.
 
     Collective: call on every rank. Inner blocks first, the root last; then build the optimizer.
-    mesh: a 1-D DeviceMesh (or process_group); default: every rank.
+    mesh: a 1-D DeviceMesh (or process_group); default: every rank. A 2-D mesh: HSDP.
     reshard_after_forward: free the whole weights after forward (default: yes, but the root's
     are kept, as stock keeps them: its backward starts at once and would gather them again).
     """
@@ -70,10 +72,14 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, mp_policy=None
         raise UsageError(f"fully_shard was already applied to this {type(module).__name__}",
                          hint="call fully_shard once per module", same_on_every_rank=True)
     refuse_stale_optimizers()
-    group = mesh.get_group() if mesh is not None else process_group
     leave_partial(module)  # sequence parallel's gradients: summed over tp at the reduce
-    attach_unit(module, Unit(module, reshard_after_forward, mp_policy or MixedPrecisionPolicy(),
-                             group))
+    mp_policy = mp_policy or MixedPrecisionPolicy()
+    if mesh is not None and mesh.ndim == 2:  # replicated over dim 0, sharded over dim 1
+        unit = HybridUnit(module, reshard_after_forward, mp_policy, mesh)
+    else:
+        group = mesh.get_group() if mesh is not None else process_group
+        unit = Unit(module, reshard_after_forward, mp_policy, group)
+    attach_unit(module, unit)
     return as_fsdp_module(module)
 
 
@@ -239,6 +245,11 @@ class Unit(fsdp.Unit):
                                         p.shard.requires_grad)
             p.full.untyped_storage().resize_(0)
             p.show(p.shard)
+
+
+class HybridUnit(Unit, Hybrid):
+    """Unit on a 2-D mesh (HSDP). Python reads Unit's methods first; where they call super(),
+    Hybrid's (hsdp.py) run, then the lesson's: shard, reduce_scatter on both dimensions."""
 
 
 def _in_backward():

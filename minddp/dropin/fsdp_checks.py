@@ -3,7 +3,7 @@
     pytest tests/test_fsdp.py tests/test_fsdp_example.py   # each refusal, message by message
 
 fully_shard (fsdp/shard.py) calls these first: stock's arguments minddp does not implement (a
-shard_placement_fn, CPU offloading, a 2-D mesh, ...), and an optimizer built before sharding,
+shard_placement_fn, CPU offloading, a 3-D mesh, ...), and an optimizer built before sharding,
 which holds the replaced parameters: they never get a gradient again, and its step() would
 silently do nothing.
 """
@@ -28,9 +28,14 @@ def refuse_stock_only(module, mesh, reshard_after_forward, stock_only):
         raise UsageError("fully_shard of a list of modules (one group for several) is not"
                          " implemented in minddp", hint="fully_shard each module, or a"
                          " module that holds them", same_on_every_rank=True)
-    if mesh is not None and mesh.ndim != 1:
-        raise UsageError(f"fully_shard on a {mesh.ndim}-D mesh (HSDP) is not implemented in"
-                         " minddp", hint="pass a 1-D mesh", same_on_every_rank=True)
+    if mesh is not None and mesh.ndim not in (1, 2):
+        raise UsageError(f"fully_shard on a {mesh.ndim}-D mesh: it takes a 1-D mesh (FSDP) or a"
+                         " 2-D one (HSDP)", hint='pass the data-parallel dimensions, e.g.'
+                         ' mesh["dp_replicate", "dp_shard"]', same_on_every_rank=True)
+    if mesh is not None and mesh.ndim == 2 and mesh.mesh_dim_names is None:
+        raise UsageError("fully_shard on a 2-D mesh (HSDP) without mesh_dim_names", hint=
+                         "name its dimensions, as stock asks: init_device_mesh(...,"
+                         ' mesh_dim_names=("dp_replicate", "dp_shard"))', same_on_every_rank=True)
     if not isinstance(reshard_after_forward, (bool, type(None))):
         raise UsageError(f"reshard_after_forward={reshard_after_forward!r}: minddp reshards"
                          " to the whole mesh or not at all", hint="pass True or False",

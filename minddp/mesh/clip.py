@@ -6,10 +6,10 @@
 clip_grad_norm_ scales every gradient by max_norm / (norm of all of them) where that norm
 is over one number per model: on a mesh no rank holds all the pieces. A rank's gradient of
 a weight is, along each dimension, one of two things:
-  a part     fully_shard's dp block, TP's tp slice, a pipeline stage's own weights: the
-             squares of the parts add up (over that dimension's group) to the whole's;
-  a copy     DDP's replica over dp, a weight TP leaves whole (a LayerNorm, a row split's
-             bias) over tp: the same numbers on every rank, counted once, not summed.
+  a part     fully_shard's dp (HSDP: dp_shard) block, TP's tp slice, a pipeline stage's own
+             weights: the squares of the parts add up (over that group) to the whole's;
+  a copy     DDP's replica over dp, HSDP's over dp_replicate, a weight TP leaves whole (a
+             LayerNorm, a row split's bias) over tp: the same on every rank, counted once.
 So each weight's norm is made whole dimension by dimension (x^2, all_reduce, sqrt), the
 weights' norms are joined, and the stages' totals are summed over pp last.
 
@@ -53,6 +53,8 @@ def weight_norms(module, mesh):
             norm = torch.linalg.vector_norm(grad, 2.0)
             if isinstance(p.grad, DTensor) and "dp" in names:  # fully_shard's block of rows
                 norm = _whole(norm, mesh["dp"].get_group())
+            if isinstance(p.grad, DTensor) and "dp_shard" in names:  # HSDP's: a copy over
+                norm = _whole(norm, mesh["dp_shard"].get_group())  # dp_replicate, counted once
             tp_layer = layer in SLICES
             if tp_layer and attr in SLICES[layer]:  # TP's slice (a copy, bias: as it is)
                 norm = _whole(norm, mesh["tp"].get_group())

@@ -14,11 +14,14 @@ applies TP, then activation checkpointing, then FSDP):
      cuts whole weights into slices; fully_shard first would leave it shards to cut.
   3. dp: fully_shard each block, then the stage (fsdp/shard.py): it shards whatever it finds, so
      a TP slice is cut again into dp blocks; or DDP, which keeps whole slices and averages.
+     With dp_replicate and dp_shard (HSDP), fully_shard on that 2-D slice of the mesh: blocks
+     cut over dp_shard, each block kept whole on every rank of dp_replicate (dropin/hsdp.py).
 
 Each function takes `lib`: the calls (init_device_mesh, tp, fully_shard, DDP, pipelining)
 from minddp or from stock PyTorch (references/libraries.py), so one function builds both and
 examples/gpt_nd.py trains the two side by side, bit for bit. In the order below:
   tp_plan        the plan for one block: column splits in, row splits out
+  dp_mesh        the mesh the data-parallel wrapper spans: dp, or (dp_replicate, dp_shard)
   parallelize    split (pp), then tensor parallel (tp), then fully_shard or DDP (dp)
   pipeline       the stage and its 1F1B schedule on the pp dimension
   holdings       what this rank holds: its coordinates, its layers, its share of the weights
@@ -42,6 +45,17 @@ def blocks_of(stage):
     return [layer for layer in stage if hasattr(layer, "attn")]
 
 
+def dp_mesh(mesh):
+    """The part of `mesh` data parallelism spans (None if it has none): the dp dimension, or
+    torchtitan's 2-D (dp_replicate, dp_shard) for HSDP (a 2-D mesh given to fully_shard)."""
+    names = mesh.mesh_dim_names
+    if "dp_replicate" in names:  # (plan.py refuses it without dp_shard)
+        return mesh["dp_replicate", "dp_shard"]
+    if "dp_shard" in names:
+        return mesh["dp_shard"]
+    return mesh["dp"] if "dp" in names else None
+
+
 def parallelize(model, mesh, lib, dp="fsdp", recompute=None):
     """This rank's part of `model` (an nn.Sequential: embedding, blocks, head), parallelized
     along every dimension `mesh` has; recompute: each block under checkpoint, these ops
@@ -58,12 +72,13 @@ def parallelize(model, mesh, lib, dp="fsdp", recompute=None):
     if recompute is not None:  # after TP: the second forward runs the plan's ops too
         for block in blocks_of(stage):
             lib.checkpoint(block, recompute)
-    if "dp" in names and dp == "fsdp":  # 3. sharded over dp: a unit per block, then the rest
+    data_parallel = dp_mesh(mesh)
+    if data_parallel is not None and dp == "fsdp":  # 3. sharded: a unit per block, the rest
         for block in blocks_of(stage):
-            lib.fully_shard(block, mesh=mesh["dp"])
-        lib.fully_shard(stage, mesh=mesh["dp"])  # the embedding and head (tied: one tensor)
-    elif "dp" in names:  # 3. or replicated over dp, gradients averaged
-        stage = lib.DDP(stage, device_mesh=mesh["dp"])
+            lib.fully_shard(block, mesh=data_parallel)
+        lib.fully_shard(stage, mesh=data_parallel)  # the embedding and head (tied: one tensor)
+    elif data_parallel is not None:  # 3. or replicated over dp, gradients averaged
+        stage = lib.DDP(stage, device_mesh=data_parallel)
     return stage
 
 
@@ -87,4 +102,8 @@ def holdings(model, stage, mesh, whole):
     layers = [i for i, layer in enumerate(model) if any(layer is s for s in stage.modules())]
     held = sum(_local_numel(p) for p in stage.parameters())
     span = f"layers {layers[0]}-{layers[-1]} of {len(model)}"
-    return f"mesh ({where}): {span}, holds {held} of {whole} weight elements ({held / whole:.1%})"
+    share = f"holds {held} of {whole} weight elements ({held / whole:.1%})"
+    line = f"mesh ({where}): {span}, {share}"
+    if "dp_replicate" in names:  # HSDP: the column of the (dp_replicate, dp_shard) grid
+        line += f", the same shards as ranks {mesh['dp_replicate'].mesh.tolist()}"
+    return line

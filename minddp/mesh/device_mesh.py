@@ -19,7 +19,8 @@ order they appear below:
   grid_groups     the ranks of every group of one dimension: lines through the grid
   grid_coordinate   where a rank sits in the grid: one index per dimension
   DeviceMesh      the grid, its groups made once, a rank's coordinates and neighbours;
-                  mesh["tp"] is the 1-D mesh of this rank's tp group, what lessons take
+                  mesh["tp"] is the 1-D mesh of this rank's tp group, what lessons take;
+                  mesh["dp_replicate", "dp_shard"] a 2-D one (HSDP's, dropin/hsdp.py)
   init_device_mesh   stock's call: check the shape, then build the grid
 Stock's API (torch.distributed.device_mesh): init_device_mesh("cpu", (2, 2),
 mesh_dim_names=("dp", "tp")), then mesh["tp"].get_group(), mesh.get_coordinate(),
@@ -116,16 +117,23 @@ class DeviceMesh:
         after = ranks[here + 1] if here + 1 < len(ranks) else None
         return before, after
 
-    def __getitem__(self, name):
-        """mesh["tp"]: the 1-D mesh of this rank's group along "tp" (no new group is made)."""
-        dim = self._dim(name)
-        ranks = next(r for r in grid_groups(self.shape, dim) if self._rank in r)
+    def __getitem__(self, names):
+        """mesh["tp"]: the 1-D mesh of this rank's tp group; mesh["dp_replicate", "dp_shard"]:
+        the 2-D grid of those dimensions through this rank (no new group is made)."""
+        dims = [self._dim(n) for n in (names if isinstance(names, (tuple, list)) else [names])]
+        if dims != sorted(set(dims)):  # stock's rule: the grid keeps the mesh's order
+            raise UsageError(f"mesh[{names}]: dimensions go in the mesh's order,"
+                             f" {self.mesh_dim_names}", hint="name them outermost first",
+                             same_on_every_rank=True)
+        # This rank's coordinates fix every other dimension; the named ones run free.
+        index = [slice(None) if d in dims else c for d, c in enumerate(self._coordinate)]
         sub = DeviceMesh.__new__(DeviceMesh)
         sub.device_type = self.device_type
-        sub.shape, sub.mesh_dim_names = (len(ranks),), (self.mesh_dim_names[dim],)
-        sub.mesh = torch.tensor(ranks)
-        sub._rank, sub._coordinate = self._rank, [self._coordinate[dim]]
-        sub._groups = [self._groups[dim]]
+        sub.mesh_dim_names = tuple(self.mesh_dim_names[d] for d in dims)
+        sub.mesh = self.mesh[tuple(index)]
+        sub.shape = tuple(sub.mesh.shape)
+        sub._rank, sub._coordinate = self._rank, [self._coordinate[d] for d in dims]
+        sub._groups = [self._groups[d] for d in dims]
         return sub
 
     def _dim(self, mesh_dim):

@@ -8,7 +8,8 @@ stages need a block each, and the product must be the world size. A rank that fo
 inside a collective would leave its peers waiting; every rank finds the same answer here,
 from the command line alone, before the first group is made.
 
-  parse_mesh   "pp=2,dp=2,tp=2" -> ((2, 2, 2), ("pp", "dp", "tp")), refusals in one line
+  parse_mesh   "pp=2,dp=2,tp=2" -> ((2, 2, 2), ("pp", "dp", "tp")), refusals in one line;
+               "dp_replicate=2,dp_shard=2" (HSDP) -> ((2, 2), ("dp_replicate", "dp_shard"))
   check_fits   the mesh against the model and the world size, refusals in one line
 """
 
@@ -16,7 +17,9 @@ import math
 
 from ..launch.usage_error import UsageError
 
-DIMENSIONS = ("pp", "dp", "tp")  # torchtitan's order, outermost first: tp talks most
+# torchtitan's order, outermost first: tp talks most. dp is data parallel over one group of
+# ranks; HSDP splits it in two, dp_replicate (across nodes) and dp_shard (within one).
+DIMENSIONS = ("pp", "dp", "dp_replicate", "dp_shard", "tp")
 
 
 def _refuse(message, hint):
@@ -31,8 +34,8 @@ def parse_mesh(text):
         name = name.strip()
         if name not in DIMENSIONS:
             _refuse(f"--mesh {text}: dimension {name!r} is not one of {', '.join(DIMENSIONS)}",
-                    "pp: pipeline stages, dp: data parallel, tp: tensor parallel; e.g."
-                    " --mesh dp=2,tp=2")
+                    "pp: pipeline stages, dp: data parallel (HSDP's: dp_replicate and"
+                    " dp_shard), tp: tensor parallel; e.g. --mesh dp=2,tp=2")
         if not size.strip().isdigit() or int(size) < 1:
             _refuse(f"--mesh {text}: {name}={size or '?'} is not a count of ranks",
                     "each dimension is name=N with N at least 1, e.g. --mesh dp=2,tp=2")
@@ -40,6 +43,12 @@ def parse_mesh(text):
             _refuse(f"--mesh {text}: {name} appears twice", "name each dimension once")
         shape.append(int(size))
         names.append(name)
+    if "dp" in names and ("dp_replicate" in names or "dp_shard" in names):
+        _refuse(f"--mesh {text}: dp with dp_replicate or dp_shard", "dp is data parallel"
+                " on one dimension; HSDP splits it in two: dp_replicate=R,dp_shard=S instead")
+    if "dp_replicate" in names and "dp_shard" not in names:
+        _refuse(f"--mesh {text}: dp_replicate without dp_shard", "HSDP shards over dp_shard"
+                " (=1 for none); replicas alone are DDP's: --mesh dp=N --dp ddp")
     order = [n for n in DIMENSIONS if n in names]
     if names != order:
         # Stock lays the ranks out in the order given: tp written first would put each tp
@@ -71,6 +80,9 @@ def check_fits(shape, names, world_size, *, heads, blocks, tied, dp="fsdp"):
         _refuse(f"--mesh {described}: a tied embedding cannot be split over pipeline stages",
                 "pass --untied (the first stage keeps the embedding, the last its own output"
                 " layer)")
+    if dp == "ddp" and "dp_shard" in size:
+        _refuse(f"--mesh {described} --dp ddp: dp_replicate and dp_shard are fully_shard's"
+                " (HSDP)", "for DDP write --mesh dp=N --dp ddp")
     if size.get("pp", 1) > 1 and dp == "ddp" and size.get("dp", 1) > 1:
         _refuse(f"--mesh {described} --dp ddp: minddp's pipeline runs fully_shard-ed stages,"
                 " not DDP-wrapped ones", "use --dp fsdp (stock decides DDP's sync inside its"
