@@ -5,9 +5,9 @@
     minddp --help                         # every tool: diff, timeline, bench, ...
 
 The folders at this level are the course's chapters, in the reading order (`minddp lessons`):
-    launch/ collectives/ ddp/ zero/ fsdp/ tp/ pp/ elastic/ mesh/ memory/ cp/ ep/
+    launch/ collectives/ ddp/ zero/ fsdp/ tp/ pp/ elastic/ mesh/ memory/ cp/ ep/ invariant/
 each a folder of lessons read top to bottom, its __init__.py the chapter's first page.
-Around them, seven folders, each for one kind of reader:
+Around them, eight folders, each for one kind of reader:
     dropin/      stock's whole contract on top of the lessons, for real training code
     references/  what a lesson is proved against where stock has no public twin
     grader/      exercises made from the lessons, a student's file graded beside stock
@@ -15,6 +15,7 @@ Around them, seven folders, each for one kind of reader:
     bench/       what each lesson costs, measured beside stock
     run/         what every example needs: flags, errors, the toy problem, checkpoints
     site/        the course as a web site: each lesson beside its comments, the docs, search
+    fuzz/        models and meshes drawn at random, each in invariant mode beside one process
 
 `from minddp import NAME` takes the names below from the files that define them, when first
 asked: importing minddp itself needs no process group and no torch (`minddp diff` starts in

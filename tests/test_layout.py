@@ -3,7 +3,7 @@
     pytest tests/test_layout.py
 
 - `ls minddp/` shows __init__.py/__main__.py, the chapters (folders of lessons, in the reading
-  order) and seven folders besides; no lesson file sits at the top.
+  order) and eight folders besides; no lesson file sits at the top.
 - Every folder opens with a docstring that names every file in it; a chapter's also says how
   to run it. Every lesson file is at most 180 lines and breathes (no semicolons).
 - The layering, read from the source (ast, every import, those inside functions too): a lesson
@@ -32,14 +32,14 @@ PACKAGE = REPO / "minddp"
 CHAPTERS = ["launch", "collectives", "ddp", "zero", "fsdp", "tp", "pp", "elastic", "mesh",
             "memory", "cp", "ep", "invariant"]
 SUPPORT = ["dropin", "references", "grader", "tools", "bench", "run",  # above every chapter
-           "site"]
+           "site", "fuzz"]
 # Rooms inside a folder (the grader's): each opens with its own page, as a folder does.
 ROOMS = sorted(p.parent.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("*/*/__init__.py"))
 LESSONS = sorted(f"{c}/{p.stem}" for c in CHAPTERS for p in (PACKAGE / c).glob("*.py")
                  if not p.name.startswith("__"))
 
 
-def test_the_top_level_is_the_chapters_and_seven_folders():
+def test_the_top_level_is_the_chapters_and_eight_folders():
     files = sorted(p.name for p in PACKAGE.glob("*.py"))
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert files == ["__init__.py", "__main__.py"]

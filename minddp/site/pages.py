@@ -17,7 +17,8 @@ import re
 import shutil
 from dataclasses import dataclass, field
 
-from ..grader.exercises import EXERCISES, starting_file
+from ..grader.exercises import EXERCISES
+from ..grader.writer import starting_file
 from ..tools.course import chapters
 from . import side_by_side
 
