@@ -75,10 +75,6 @@ def checked(args, world_size=None):
     check_fits(args.shape, args.names, world_size, heads=SIZES["heads"], blocks=args.blocks,
                tied=not args.untied, dp=None if args.invariant else args.dp)
     pp, tp = (dict(zip(args.names, args.shape)).get(n, 1) for n in ("pp", "tp"))
-    if args.invariant and "dp_shard" in args.names:
-        raise UsageError("--invariant with dp_replicate and dp_shard: the invariant mode's data"
-                         " parallel is one dimension, dp", hint="--invariant --mesh dp=N (HSDP"
-                         " is the normal mode's)", same_on_every_rank=True)
     if args.invariant:
         from minddp.invariant.plan import check_invariant
         args.batch = args.batch or 8

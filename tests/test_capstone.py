@@ -105,13 +105,6 @@ def test_clip_with_ddp_over_tp_is_refused_in_one_line():
         example.checked(args, 4)
 
 
-def test_hsdp_in_the_invariant_mode_is_refused_in_one_line():
-    example = load_script(SCRIPT)
-    args = example.parser().parse_args(["--mesh", "dp_replicate=2,dp_shard=2", "--invariant"])
-    with pytest.raises(UsageError, match="^--invariant with dp_replicate and dp_shard: the"):
-        example.checked(args, 4)
-
-
 def test_recomputation_changes_no_number():
     # --recompute selective against none, both minddp's, dropout on: the same table (the
     # checkpoint keeps the blocks' parameter names; the masks are drawn again the same)

@@ -4,7 +4,8 @@
 
 The small GPT of examples/gpt_nd.py trains 5 AdamW steps in invariant mode on every mesh of
 dp in {1, 2, 4} x tp in {1, 2} x pp in {1, 2} up to 4 ranks (the shared spawns of 1, 2 and
-4 ranks) and of 8 ranks (the 8-rank spawn), each with fully_shard and with DDP along dp,
+4 ranks) and of 8 ranks (the 8-rank spawn), each with fully_shard and with DDP along dp, and
+with HSDP's (replicas x shards) in place of dp on five of them,
 sequence parallel, --clip, dropout, recomputation and a vocabulary that the chunks do not
 divide on in turn. Every step's loss, every whole gradient, and
 after the last step every whole weight and AdamW state must be torch.equal to the run in
@@ -25,10 +26,10 @@ from minddp.references.libraries import LIBRARIES
 
 SIZES = dict(vocab=32, d=16, heads=4, tokens=8)
 STEPS = 5
-# (dp, tp, pp) of each world size, the mesh names outermost first
-SHAPES = {1: [(1, 1, 1)], 2: [(2, 1, 1), (1, 2, 1), (1, 1, 2)],
-          4: [(4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 2, 2)],
-          8: [(4, 2, 1), (4, 1, 2), (2, 2, 2)]}
+# (dp, tp, pp) of each world size; with a 4th element, dp is HSDP's (replicas, shards)
+SHAPES = {1: [(1, 1, 1)], 2: [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 1, 1, (2, 1))],
+          4: [(4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 2, 2), (4, 1, 1, (2, 2))],
+          8: [(4, 2, 1), (4, 1, 2), (2, 2, 2), (4, 2, 1, (2, 2)), (4, 1, 2, (2, 2))]}
 # name: (dp, tied, clip, dropout, sequence parallel, recompute, vocabulary)
 CONFIGS = {"fsdp": ("fsdp", False, 0.1, 0.1, True, "none", 32),
            "ddp, vocabulary 30, selective recompute": ("ddp", False, 0.1, 0.1, True,
@@ -38,8 +39,10 @@ CONFIGS = {"fsdp": ("fsdp", False, 0.1, 0.1, True, "none", 32),
 
 
 def _mesh(shape):
-    dims = [(n, s) for n, s in zip(("pp", "dp", "tp"), (shape[2], shape[0], shape[1]))
-            if s > 1] or [("dp", 1)]
+    dp = [("dp", shape[0])] if len(shape) == 3 else list(zip(("dp_replicate", "dp_shard"),
+                                                           shape[3]))
+    dims = [(n, s) for n, s in [("pp", shape[2]), *dp, ("tp", shape[1])]
+            if s > 1 or n.startswith("dp_")] or [("dp", 1)]
     return init_device_mesh("cpu", tuple(s for _, s in dims),
                             mesh_dim_names=tuple(n for n, _ in dims))
 
@@ -94,8 +97,7 @@ def _train(shape, config):
 
 
 def _invariant(rank, world_size):
-    return {(shape, config): _train(shape, config)
-            for shape in SHAPES[world_size] for config in CONFIGS}
+    return {(shape, config): _train(shape, config) for shape, config in _runs(world_size)}
 
 
 share_spawn(_invariant, [1, 2, 4, 8])
@@ -114,9 +116,19 @@ def _differences(run, reference):
     return found
 
 
-@pytest.mark.parametrize("config", list(CONFIGS))
-@pytest.mark.parametrize("shape", [s for w in (2, 4, 8) for s in SHAPES[w]],
-                         ids=lambda s: "dp{}-tp{}-pp{}".format(*s))
+def _runs(world_size):
+    """(shape, configuration) pairs of a world size: HSDP's only with fully_shard."""
+    return [(shape, config) for shape in SHAPES[world_size] for config in CONFIGS
+            if len(shape) == 3 or CONFIGS[config][0] == "fsdp"]
+
+
+def _name(shape):
+    return "dp{}-tp{}-pp{}".format(*shape) + ("-hsdp{}x{}".format(*shape[3])
+                                               if len(shape) > 3 else "")
+
+
+@pytest.mark.parametrize("shape, config", [run for w in (2, 4, 8) for run in _runs(w)],
+                         ids=[f"{_name(s)}-{c}" for w in (2, 4, 8) for s, c in _runs(w)])
 def test_every_mesh_gives_one_process_bits(shape, config):
     reference = shared_results(_invariant, 1)[0][(1, 1, 1), config]
     runs = shared_results(_invariant, shape[0] * shape[1] * shape[2])

@@ -24,6 +24,8 @@ PLANTS = ["vocab-remainder", "bias-every-rank", "local-loss", "sp-norm-unsummed"
 
 
 def _size(group):
+    if isinstance(group, (list, tuple)):  # the groups of a grid's dimensions: their product
+        return _size(group[0]) * _size(group[1:]) if group else 1
     return 1 if group is None else dist.get_world_size(group)
 
 

@@ -20,19 +20,20 @@ def check_invariant(args, sizes, dims):
     if args.impl != "manual":
         _refuse("--invariant with --impl stock: stock has no invariant mode",
                 "drop --impl stock (the invariant mode is minddp's own)")
-    for name in ("dp", "tp"):
+    for name in ("dp", "dp_replicate", "dp_shard", "tp"):
         if not is_power_of_two(dims.get(name, 1)):
             _refuse(f"--invariant --mesh {args.mesh}: {name}={dims[name]} is not a power of"
                     " two", f"a pairwise tree is shared by 1, 2, 4, ... ranks: pick such a"
                     f" {name}")
     shards, chunks = args.shards, args.chunks
-    if not is_power_of_two(shards) or shards % dims.get("dp", 1) or args.batch % shards:
-        _refuse(f"--shards {shards} with --batch {args.batch} and dp={dims.get('dp', 1)}",
+    dp = dims.get("dp", 1) * dims.get("dp_replicate", 1) * dims.get("dp_shard", 1)
+    if not is_power_of_two(shards) or shards % dp or args.batch % shards:
+        _refuse(f"--shards {shards} with --batch {args.batch} and dp={dp}",
                 "shards: a power of two that dp divides and that divides --batch")
-    if shards // dims.get("dp", 1) < dims.get("pp", 1):
-        _refuse(f"--shards {shards} at dp={dims.get('dp', 1)}: {shards // dims.get('dp', 1)}"
-                f" microbatches for {dims['pp']} pipeline stages",
-                "1F1B needs a microbatch a stage: more --shards")
+    if shards // dp < dims.get("pp", 1):
+        _refuse(f"--shards {shards} at dp={dp}: {shards // dp} microbatches for"
+                f" {dims['pp']} pipeline stages", "1F1B needs a microbatch a stage: more"
+                " --shards")
     widths = {"heads": sizes["heads"], "hidden units": 4 * sizes["d"],
               "tokens": sizes["tokens"]}
     bad = [name for name, n in widths.items() if n % chunks]

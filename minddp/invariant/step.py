@@ -43,7 +43,7 @@ that splits a sum over threads adds in the threads' order).
 import torch
 
 from ..memory.recompute import checkpoint_module
-from ..mesh.compose import blocks_of
+from ..mesh.compose import blocks_of, dp_mesh
 from ..pp import PipelineStage, Schedule1F1B, stage_layers
 from .chunks import chunk_block
 from .clip import clip_grad_norm_
@@ -65,8 +65,14 @@ class InvariantTraining:
         size = {n: mesh.size(n) for n in mesh.mesh_dim_names}
         group = {n: mesh.get_group(n) if size[n] > 1 else None for n in size}
         self.model, self.shards, self.batch = model, shards, batch
-        self.dp, self.dp_group = size.get("dp", 1), group.get("dp")
-        self.dp_rank = mesh.get_local_rank("dp") if "dp" in size else 0
+        # Data parallel: dp, or HSDP's replicas of shard groups, numbered row by row; the
+        # tree over them is the shard groups' tree, then the replicas' (tree.py).
+        rows = [n for n in ("dp", "dp_replicate", "dp_shard") if n in size]
+        self.dp, self.dp_rank = 1, 0
+        for n in rows:
+            self.dp_rank = self.dp_rank * size[n] + mesh.get_local_rank(n)
+            self.dp *= size[n]
+        self.dp_group = [group[n] for n in reversed(rows) if group[n] is not None]
         self.here = shards // self.dp  # shards per dp rank (plan.py checked them)
         self.stage = stage = model  # 1. pp: this rank's stage of the layers
         pp, self.pp_group = size.get("pp", 1), group.get("pp")
@@ -91,8 +97,8 @@ class InvariantTraining:
             sequence_parallel_between(*held, tp_group)
         if dp == "fsdp" and self.dp > 1:  # 3. dp: sharded weights; the sum is ours (shards.py)
             for block in blocks_of(stage):
-                fully_shard(block, mesh=mesh["dp"])
-            fully_shard(stage, mesh=mesh["dp"])
+                fully_shard(block, mesh=dp_mesh(mesh))
+            fully_shard(stage, mesh=dp_mesh(mesh))
         self.grads = ShardGradients(stage, self.dp_group, shards)
         stage.register_forward_pre_hook(self.dropout.next_shard)
         self.schedule = None

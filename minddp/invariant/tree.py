@@ -69,8 +69,16 @@ class Folder:
 
 def tree_sum(parts, group=None):
     """Collective over `group` (None: this rank alone): the pairwise tree's sum of every
-    rank's parts, rank r holding the r-th run of leaves. The same bits on every rank."""
+    rank's parts, rank r holding the r-th run of leaves. The same bits on every rank.
+    group may be a list of groups, the innermost first: the ranks of a grid numbered row by
+    row (HSDP's replicas of shard groups), whose tree is one group's tree, then the next's."""
     total = fold(list(parts))
+    for one in group if isinstance(group, (list, tuple)) else [group]:
+        total = _over(total, one)
+    return total
+
+
+def _over(total, group):
     if group is not None and not is_power_of_two(dist.get_world_size(group)):
         raise UsageError(f"a tree over {dist.get_world_size(group)} ranks",
                          hint="the invariant mode's dimensions are powers of two",
