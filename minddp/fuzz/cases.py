@@ -73,13 +73,13 @@ def draw(seed, max_ranks):
     shape = rng.choice([(dp, tp, pp) for dp in (1, 2, 4, 2, 3) for tp in (1, 2, 4, 2, 3)
                         for pp in (1, 2, 3) if 1 < dp * tp * pp <= max_ranks])
     return Case(seed=seed, vocab=rng.randint(5, 40), d=heads * rng.choice([2, 4]),
-                heads=heads, blocks=rng.randint(1, 4), tokens=rng.choice([4, 8, 8, 16, 6, 12]),
+                heads=heads, blocks=rng.randint(1, 4), tokens=rng.choice([4, 8, 8, 16, 16, 6]),
                 tied=rng.random() < 0.3, dropout=rng.choice([0.0, 0.0, 0.1]),
                 clip=rng.choice([None, None, 0.1, 1.0]),
                 recompute=rng.choice(["none", "none", "full", "selective"]),
                 sequence_parallel=rng.random() < 0.5, dp=shape[0], tp=shape[1], pp=shape[2],
                 dp_kind=rng.choice(["fsdp", "ddp"]), shards=rng.choice([4, 8, 8, 16]),
-                chunks=rng.choice([c for c in (1, 2, 4) if c >= shape[1]] or [4]),
+                chunks=rng.choice([c for c in (1, 2, 2, 4) if c >= shape[1]] or [4]),
                 batch=rng.choice([8, 16]))
 
 

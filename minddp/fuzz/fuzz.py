@@ -32,6 +32,8 @@ def parse(argv=None):
     parser.add_argument("--case", type=int, metavar="SEED", help="this one case only")
     parser.add_argument("--time", type=float, metavar="S",
                         help="draw no more cases once S seconds are spent")
+    parser.add_argument("--first", action="store_true",
+                        help="draw no more cases once one differs (or raises)")
     parser.add_argument("--batch-of", type=int, default=8, help=argparse.SUPPRESS)
     parser.add_argument("--plant", choices=planted.PLANTS, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -45,14 +47,12 @@ def seeds(args):
 
 def run(args, say=print):
     """Every case of the run: {seed: (case, verdict, detail)}; stops drawing past --time."""
-    from ..tools.across import compare_whole
-    from ..tools.diff import ulp_distance
-    from ..tools.tables import read_table
     from .run import run_group
     start, results = time.monotonic(), {}
     todo = seeds(args)
     with tempfile.TemporaryDirectory() as folder:
-        while todo and (args.time is None or time.monotonic() - start < args.time):
+        found = False
+        while todo and not found and (args.time is None or time.monotonic() - start < args.time):
             batch, todo = todo[:args.batch_of], todo[args.batch_of:]
             cases = [draw(seed, args.ranks) for seed in batch]
             taken = [c for c in cases if refusal(c) is None]
@@ -65,17 +65,30 @@ def run(args, say=print):
                 if why is None and case.seed in errors:
                     verdict, detail = "raised", errors[case.seed]
                 elif why is None:
-                    tables = [read_table(os.path.join(folder, f"{case.seed}-{t}.txt"))
-                              for t in ("mesh", "one")]
-                    _, first = compare_whole(*tables[0], *tables[1], ulp_distance)
-                    verdict, detail = ("IDENTICAL", "") if first is None else ("DIFFERENT", (
-                        f"step {first[0]}, {first[1]!r}, element {list(first[2])}:"
-                        f" {first[5]} units in the last place apart"))
+                    verdict, detail = compare(case, folder)
                 else:
                     verdict, detail = "refused", why
                 results[case.seed] = (case, verdict, detail)
                 say(line(case, verdict, detail, args))
+                found = found or (args.first and verdict in ("DIFFERENT", "raised"))
     return results
+
+
+def compare(case, folder):
+    """(verdict, detail): the case's mesh table against its one process's."""
+    from ..tools.across import compare_whole
+    from ..tools.diff import ulp_distance
+    from ..tools.tables import TableError, read_table
+    tables = [read_table(os.path.join(folder, f"{case.seed}-{t}.txt")) for t in ("mesh", "one")]
+    try:
+        _, first = compare_whole(*tables[0], *tables[1], ulp_distance)
+    except TableError as apart:  # other shapes, or ranks that disagree: a bug as well
+        return "DIFFERENT", str(apart)
+    if first is None:
+        return "IDENTICAL", ""
+    return "DIFFERENT", (f"step {first[0]}, {first[1]!r}, element {list(first[2])}:"
+                         f" {first[3]!r} vs {first[4]!r} in one process, {first[5]} units in"
+                         f" the last place apart")
 
 
 def line(case, verdict, detail, args):

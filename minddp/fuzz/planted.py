@@ -31,11 +31,12 @@ def _size(group):
 
 def plant(name):
     """Patch the bug `name` into this process (None: none)."""
-    if name == "vocab-remainder":
-        whole = vocab.chunk_vocabulary
-        vocab.chunk_vocabulary = step.chunk_vocabulary = (
-            lambda embedding, head, c, n, group=None: whole(embedding, head, c,
-                                                            n - n % _size(group), group))
+    if name == "vocab-remainder":  # the loss's rows: vocabulary // tp per rank, no more
+        forward = vocab._VocabLoss.forward
+
+        def dropping(ctx, h, targets, n, first, group, *weights):
+            return forward(ctx, h, targets, n - n % _size(group), first, group, *weights)
+        vocab._VocabLoss.forward = staticmethod(dropping)
     elif name == "bias-every-rank":
         add = chunks.add_bias
         chunks.add_bias = lambda y, bias, n, group, tp=None: add(y, bias * _size(_TP[0]), n,
