@@ -767,7 +767,7 @@ for p in model.parameters():
         'wrong_splits_per_expert': dict(
             mistake="the rows' all_to_all given a split per expert (E of them), not one per rank",
             ranks=2, alone=False, verdict='named',
-            said='SAY',
+            said="all_to_all_single takes one split per rank of its group (ep = 2): split j is the rows to (or from) rank j; yours gives one per expert",
             bodies={
                 '_AllToAll.backward': """\
 send, recv, group = ctx.how
