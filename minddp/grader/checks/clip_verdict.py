@@ -179,7 +179,7 @@ def _total_right(everyone, rank, max_norm, exact, elements):
     mine = exact[rank]
     gap, allowed = abs(total - mine["right"]), norm_allowed(elements) * mine["right"]
     nearer = [m for m, v in mine.items() if m != "right" and abs(total - v) < gap]
-    if nearer:  # (each usual mistake lies 5e-3 or more from the right total, here)
+    if nearer:  # (a usual mistake's total, where not the right one, lies 5e-3 or more from it)
         return False, WHY[min(nearer, key=lambda m: abs(total - mine[m]))]
     if gap > allowed:
         return False, _total_why(total, mine)

@@ -4,9 +4,11 @@
 
 A collective completes when every rank of its group calls it alike: the same group, the
 same src, tensors of the same size. world.py notes, with each collective a rank enters,
-its group, its src or dst and its tensors' sizes (details()); when ranks are still waiting
-at the time limit, why() reads those notes across the ranks and names the first of these
-that differs. None: nothing differs, and the report stays where each rank waits.
+its group, its src or dst, its tensors' sizes and an all_to_all's splits (details()), and
+the call's ordinal on its group. certain() reads the calls the ranks are inside every 50
+ms: two ranks inside the same call of one group, called unlike, can never complete, and the
+ranks are stopped then. why() reads those notes across the ranks and names the first of
+these that differs. None: nothing differs, and the report stays where each rank waits.
 """
 
 import inspect

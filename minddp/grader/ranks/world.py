@@ -7,7 +7,9 @@ running the exercise's checks (checks/). Two failures are read
 back instead of results: a rank that raised (the first one whose traceback passes through
 the student's file: its line there), and ranks still running past the time limit, counted
 from the moment all of them have joined the group (a slow torch import is no hang): each
-rank notes every collective it enters and leaves, so the report says where each one waits.
+rank notes every collective it enters and leaves, with its ordinal on its group, so the
+report says where each one waits; and ranks are stopped at once, whatever the time limit,
+when two of them are inside the same call of a group called unlike (mismatch.certain).
 """
 
 import faulthandler
