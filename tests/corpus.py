@@ -186,6 +186,81 @@ for p in module.parameters():
 return total
 """,
         },
+        'clip C': {  # the TODO's own formula, the scale a Python float
+            '_whole': """\
+total = norm.pow(2)
+dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+return total.sqrt()
+""",
+            'weight_norms': """\
+found = {}
+seen = set()
+for layer in module.modules():
+    for attr, p in layer.named_parameters(recurse=False):
+        if p.grad is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        grad = p.grad
+        n = torch.linalg.vector_norm(grad.to_local() if isinstance(grad, DTensor) else grad)
+        if isinstance(grad, DTensor) and "dp" in mesh.mesh_dim_names:
+            n = _whole(n, mesh["dp"].get_group())
+        if layer in SLICES and attr in SLICES[layer]:
+            n = _whole(n, mesh["tp"].get_group())
+        found.setdefault("tp layers" if layer in SLICES else "others", []).append(n)
+return found
+""",
+            'clip_grad_norm_': """\
+squares = torch.zeros(())
+for norms in weight_norms(module, mesh).values():
+    squares = squares + torch.linalg.vector_norm(torch.stack(norms)) ** 2
+total = squares ** 0.5
+if "pp" in mesh.mesh_dim_names:
+    squared = total ** 2
+    dist.all_reduce(squared, group=mesh["pp"].get_group())
+    total = squared ** 0.5
+scale = min(max_norm / (float(total) + 1e-6), 1.0)
+for p in module.parameters():
+    if p.grad is not None:
+        p.grad.mul_(scale)
+return total
+""",
+        },
+        'clip D': {  # every norm's square summed at once: another order than stock's
+            '_whole': """\
+total = norm.pow(2)
+dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+return total.sqrt()
+""",
+            'weight_norms': """\
+found = {}
+seen = set()
+for layer in module.modules():
+    for attr, p in layer.named_parameters(recurse=False):
+        if p.grad is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        grad = p.grad
+        n = torch.linalg.vector_norm(grad.to_local() if isinstance(grad, DTensor) else grad)
+        if isinstance(grad, DTensor) and "dp" in mesh.mesh_dim_names:
+            n = _whole(n, mesh["dp"].get_group())
+        if layer in SLICES and attr in SLICES[layer]:
+            n = _whole(n, mesh["tp"].get_group())
+        found.setdefault("tp layers" if layer in SLICES else "others", []).append(n)
+return found
+""",
+            'clip_grad_norm_': """\
+norms = [n for group in weight_norms(module, mesh).values() for n in group]
+squares = torch.stack(norms).pow(2).sum()
+if "pp" in mesh.mesh_dim_names:
+    dist.all_reduce(squares, group=mesh["pp"].get_group())
+total = squares.sqrt()
+coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+for p in module.parameters():
+    if p.grad is not None:
+        p.grad.mul_(coef)
+return total
+""",
+        },
     },
     'ring_attention': {
         'ring attention A': {
@@ -672,6 +747,17 @@ for step in range(size - 1):
     for work in works:
         work.wait()
     combine(op, into, spare[:into.numel()])
+""",
+        },
+        'ring D': {  # the other way round: to rank + 1, from rank - 1
+            'ring_reduce_scatter': """\
+rank, size = rank_and_size(group)
+for step in range(size - 1):
+    out = blocks[(rank - step - 1) % size]  # my own block rank - 1 first, then each sum
+    into = blocks[(rank - step - 2) % size]
+    arrived = torch.empty_like(into)
+    exchange(group, sends=[(out, (rank + 1) % size)], receives=[(arrived, (rank - 1) % size)])
+    combine(op, into, arrived)
 """,
         },
     },

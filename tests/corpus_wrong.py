@@ -11,7 +11,8 @@ what the grader says of each (tests/test_grade.py).
   verdict   "named": the diagnosis says what is wrong; "caught": it fails, and the diagnosis
             says where, not why (docs/grade.md counts them apart)
   said      words the first failed check's diagnosis holds
-  hangs     (if given) it hangs, and the words name why: graded with a short --timeout
+  hangs     (if given) it hangs on real ranks, and the words name why: the grader stops the
+            ranks as soon as their calls show it (ranks/mismatch.py), not at --timeout
   bodies    {"Class.method" or "function": its body}: minddp.grader.writer.solution()
             writes each into the exercise's starting file
 """
@@ -517,10 +518,98 @@ torch.nn.utils.clip_grads_with_norm_([p for p in module.parameters() if p.grad i
 return total
 """,
             }),
+        'wrong_scale_2^-20': dict(
+            mistake='every gradient scaled by 2^-20 more than max_norm / (total + 1e-6), clamped',
+            ranks=2, alone=False, verdict='named',
+            said='units (of u) from it, where a right scale, however computed, stays within 6',
+            bodies={
+                '_whole': """\
+total = norm.pow(2)
+dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+return total.sqrt()
+""",
+                'weight_norms': """\
+found = {}
+seen = set()
+for layer in module.modules():
+    for attr, p in layer.named_parameters(recurse=False):
+        if p.grad is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        grad = p.grad
+        n = torch.linalg.vector_norm(grad.to_local() if isinstance(grad, DTensor) else grad)
+        if isinstance(grad, DTensor) and "dp" in mesh.mesh_dim_names:
+            n = _whole(n, mesh["dp"].get_group())
+        if layer in SLICES and attr in SLICES[layer]:
+            n = _whole(n, mesh["tp"].get_group())
+        found.setdefault("tp layers" if layer in SLICES else "others", []).append(n)
+return found
+""",
+                'clip_grad_norm_': """\
+squares = torch.zeros(())
+for norms in weight_norms(module, mesh).values():
+    squares = squares + torch.linalg.vector_norm(torch.stack(norms)) ** 2
+total = squares ** 0.5
+if "pp" in mesh.mesh_dim_names:
+    squared = total ** 2
+    dist.all_reduce(squared, group=mesh["pp"].get_group())
+    total = squared ** 0.5
+total = total
+coef = torch.clamp(max_norm / (total + 1e-6), max=1.0) * (1 + 2 ** -20)
+for p in module.parameters():
+    if p.grad is not None:
+        p.grad.mul_(coef)
+return total
+""",
+            }),
+        'wrong_total_2^-10': dict(
+            mistake='the total 2^-10 too large (and the scale from it)',
+            ranks=2, alone=False, verdict='caught',
+            said="not the norm of the whole model's gradient, nor a usual mistake's: yours is 1.001x",
+            bodies={
+                '_whole': """\
+total = norm.pow(2)
+dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+return total.sqrt()
+""",
+                'weight_norms': """\
+found = {}
+seen = set()
+for layer in module.modules():
+    for attr, p in layer.named_parameters(recurse=False):
+        if p.grad is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        grad = p.grad
+        n = torch.linalg.vector_norm(grad.to_local() if isinstance(grad, DTensor) else grad)
+        if isinstance(grad, DTensor) and "dp" in mesh.mesh_dim_names:
+            n = _whole(n, mesh["dp"].get_group())
+        if layer in SLICES and attr in SLICES[layer]:
+            n = _whole(n, mesh["tp"].get_group())
+        found.setdefault("tp layers" if layer in SLICES else "others", []).append(n)
+return found
+""",
+                'clip_grad_norm_': """\
+squares = torch.zeros(())
+for norms in weight_norms(module, mesh).values():
+    squares = squares + torch.linalg.vector_norm(torch.stack(norms)) ** 2
+total = squares ** 0.5
+if "pp" in mesh.mesh_dim_names:
+    squared = total ** 2
+    dist.all_reduce(squared, group=mesh["pp"].get_group())
+    total = squared ** 0.5
+total = total * (1 + 2 ** -10)
+coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+for p in module.parameters():
+    if p.grad is not None:
+        p.grad.mul_(coef)
+return total
+""",
+            }),
         'wrong_sum_of_norms': dict(
             mistake='_whole all_reduces the norms themselves (no squaring, no sqrt)',
-            ranks=2, alone=False, verdict='caught',
-            said="not the norm of the whole model's gradient, nor a usual mistake's:",
+            ranks=2, alone=False, verdict='named',
+            said="the squares not taken, and no root: the ranks' norms of their parts were added over the group",
             bodies={
                 '_whole': """\
 # TODO (_whole): the norm of the whole from each rank's norm of its part: square it,
@@ -576,8 +665,8 @@ return total
             }),
         'wrong_tied_twice': dict(
             mistake='tied weight counted twice (no seen-set)',
-            ranks=2, alone=False, verdict='caught',
-            said="not the norm of the whole model's gradient, nor a usual mistake's:",
+            ranks=2, alone=False, verdict='named',
+            said="a tied weight counted twice: the embedding's weight is also the output layer's",
             bodies={
                 '_whole': """\
 # TODO (_whole): the norm of the whole from each rank's norm of its part: square it,
@@ -633,6 +722,88 @@ return total
             }),
     },
     'experts': {
+        'wrong_counts_splits_in_elements': dict(
+            mistake="the counts' all_to_all of a (W, per_rank) tensor given splits in elements",
+            ranks=2, alone=False, verdict='named',
+            said="splits counted in elements, not rows: all_to_all_single's splits count rows (slices along dim 0)",
+            bodies={
+                '_AllToAll.backward': """\
+send, recv, group = ctx.how
+back = grad.new_empty(sum(send), *grad.shape[1:])
+dist.all_to_all_single(back, grad.contiguous(), send, recv, group=group)
+return back, None, None, None
+""",
+                'ExpertsOnRanks.forward': """\
+size = dist.get_world_size(self.group)
+mine = counts.reshape(size, self.per_rank)
+theirs = torch.empty_like(mine)
+# each rank gets per_rank counts from every rank
+dist.all_to_all_single(theirs, mine, [self.per_rank] * size, [self.per_rank] * size,
+                       group=self.group)
+send, recv = mine.sum(1).tolist(), theirs.sum(1).tolist()
+arrived = all_to_all(routed, send, recv, self.group)
+expert = torch.arange(self.per_rank).repeat(size).repeat_interleave(theirs.flatten())
+order = torch.argsort(expert, stable=True)
+outs = [self.mlps[str(self.first + e)](run)
+        for e, run in enumerate(arrived[order].split(theirs.sum(0).tolist()))]
+inverse = torch.argsort(order)
+return all_to_all(torch.cat(outs)[inverse], recv, send, self.group)
+""",
+                'sync_gradients': """\
+W = dist.get_world_size()
+dp = mesh["dp"].get_group() if "dp" in mesh.mesh_dim_names else None
+experts = {id(p) for m in model.modules() if isinstance(m, ExpertsOnRanks)
+           for p in m.parameters()}
+for p in model.parameters():
+    if p.grad is None:
+        continue
+    if id(p) not in experts:
+        dist.all_reduce(p.grad)
+    elif dp is not None:
+        dist.all_reduce(p.grad, group=dp)
+    p.grad /= W
+""",
+            }),
+        'wrong_splits_per_expert': dict(
+            mistake="the rows' all_to_all given a split per expert (E of them), not one per rank",
+            ranks=2, alone=False, verdict='named',
+            said="all_to_all_single takes one split per rank of its group (ep = 2): split j is the rows to (or from) rank j; yours gives one per expert",
+            bodies={
+                '_AllToAll.backward': """\
+send, recv, group = ctx.how
+back = grad.new_empty(sum(send), *grad.shape[1:])
+dist.all_to_all_single(back, grad.contiguous(), send, recv, group=group)
+return back, None, None, None
+""",
+                'ExpertsOnRanks.forward': """\
+size = dist.get_world_size(self.group)
+theirs = torch.empty_like(counts)
+dist.all_to_all_single(theirs, counts, group=self.group)
+send, recv = counts.tolist(), theirs.tolist()  # a count per expert
+arrived = all_to_all(routed, send, recv, self.group)
+theirs = theirs.view(size, self.per_rank)
+expert = torch.arange(self.per_rank).repeat(size).repeat_interleave(theirs.flatten())
+order = torch.argsort(expert, stable=True)
+outs = [self.mlps[str(self.first + e)](run)
+        for e, run in enumerate(arrived[order].split(theirs.sum(0).tolist()))]
+inverse = torch.argsort(order)
+return all_to_all(torch.cat(outs)[inverse], recv, send, self.group)
+""",
+                'sync_gradients': """\
+W = dist.get_world_size()
+dp = mesh["dp"].get_group() if "dp" in mesh.mesh_dim_names else None
+experts = {id(p) for m in model.modules() if isinstance(m, ExpertsOnRanks)
+           for p in m.parameters()}
+for p in model.parameters():
+    if p.grad is None:
+        continue
+    if id(p) not in experts:
+        dist.all_reduce(p.grad)
+    elif dp is not None:
+        dist.all_reduce(p.grad, group=dp)
+    p.grad /= W
+""",
+            }),
         'wrong_expert_div_dp': dict(
             mistake='expert grads divided by dp, not W',
             ranks=2, alone=False, verdict='named',
@@ -1973,6 +2144,71 @@ for step in range(size - 1):
     combine(op, mine, incoming[:mine.numel()])
 """,
             }),
+        'wrong_new_tensors': dict(
+            mistake='each sum written into a new tensor (blocks[i] = ...): the caller never sees it',
+            ranks=2, alone=False, verdict='named',
+            said="gave blocks[0] a new tensor (blocks[i] = ...): the caller's blocks are views of its own buffer, and those were never written",
+            bodies={
+                'ring_reduce_scatter': """\
+rank, size = rank_and_size(group)
+for step in range(size - 1):
+    send = (rank + step + 1) % size
+    recv = (rank + step + 2) % size
+    arrived = torch.empty_like(blocks[recv])
+    exchange(group, sends=[(blocks[send], (rank - 1) % size)],
+             receives=[(arrived, (rank + 1) % size)])
+    blocks[recv] = blocks[recv] + arrived
+""",
+            }),
+        'wrong_own_block_first': dict(
+            mistake='step 0 sends its own block rank (not rank + 1), each step a block early',
+            ranks=2, alone=False, verdict='named',
+            said="block 0's whole SUM ends on rank 1, not on rank 0: each step works a block early",
+            bodies={
+                'ring_reduce_scatter': """\
+rank, size = rank_and_size(group)
+for step in range(size - 1):
+    send = (rank + step) % size  # my own block first
+    recv = (rank + step + 1) % size
+    arrived = torch.empty_like(blocks[recv])
+    exchange(group, sends=[(blocks[send], (rank - 1) % size)],
+             receives=[(arrived, (rank + 1) % size)])
+    combine(op, blocks[recv], arrived)
+""",
+            }),
+        'wrong_blocking_sends': dict(
+            mistake='a blocking send, then a blocking receive, on every rank (a deadlock)',
+            ranks=2, alone=False, verdict='named',
+            said='a deadlock: every rank waits in a blocking send for a receive its peer posts only after its own send returns',
+            bodies={
+                'ring_reduce_scatter': """\
+import torch.distributed as dist
+rank, size = rank_and_size(group)
+for step in range(size - 1):
+    out, into = blocks[(rank + step + 1) % size], blocks[(rank + step + 2) % size]
+    arrived = torch.empty_like(into)
+    if out.numel():
+        dist.send(out, (rank - 1) % size)
+    if into.numel():
+        dist.recv(arrived, (rank + 1) % size)
+    combine(op, into, arrived)
+""",
+            }),
+        'wrong_sums_off_by_2^-16': dict(
+            mistake='the ring the other way, each partial sum 2^-16 too large',
+            ranks=4, alone=False, verdict='named',
+            said='as far from it as any order of adding W = 4 values may land',
+            bodies={
+                'ring_reduce_scatter': """\
+rank, size = rank_and_size(group)
+for step in range(size - 1):
+    out = blocks[(rank - step - 1) % size]
+    into = blocks[(rank - step - 2) % size]
+    arrived = torch.empty_like(into)
+    exchange(group, sends=[(out, (rank + 1) % size)], receives=[(arrived, (rank - 1) % size)])
+    combine(op, into, arrived * (1 + 2 ** -16))
+""",
+            }),
         'wrong_direction': dict(
             mistake='sends to rank+1 / receives from rank-1 (other direction)',
             ranks=3, alone=False, verdict='named',
@@ -2672,7 +2908,7 @@ return sum_over_ranks(partial, group)
         'w_ignore_region': dict(
             mistake='ignores region.gave (copy_to_ranks after a PrepareModuleInput gather)',
             ranks=2, alone=False, verdict='named',
-            said="the ranks' partial values summed twice",
+            said="the column split's input was gathered already, by PrepareModuleInput (region.gave(name, x) is True)",
             bodies={
                 'ColwiseParallel._whole': """\
 if self.sequence_dim is not None:
@@ -3091,8 +3327,8 @@ return result
             }),
         'wrong_wait_previous_stage_any_kind': dict(
             mistake="every kind (also I/W) waits for the previous stage's same kind -> add_bubbles never terminates (pure-Python infinite loop)",
-            ranks=2, alone=True, verdict='caught',
-            said='never finished',
+            ranks=2, alone=False, verdict='named',
+            said="rank 0 waits forever before 2I0 (stage 2's input's gradient of microbatch 0): only a forward waits",
             bodies={
                 'add_bubbles': """\
 # TODO (add_bubbles): stock's _add_bubbles_to_actions: a new list per rank, built a slot

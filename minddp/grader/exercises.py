@@ -70,10 +70,14 @@ EXERCISES = {
         " with AVG (gloo sums, then divides); another right way is graded `correct`"},
         ("Unit", "fully_shard"), (1, 2, 3), (1, 2, 3, 4)),
     "tp": Exercise("tp.parallel", "torch.distributed.tensor.parallel.parallelize_module", {
-        "ColwiseParallel._whole": "the input every rank's column slice needs: whole, with a"
-        " backward that sums the ranks' input gradients (copy_to_ranks); with"
+        "ColwiseParallel._whole": "the input every rank's column slice needs, whole, its"
+        " gradient summed over the ranks in backward exactly once; three cases: with"
         " self.sequence_dim set (input_layouts=Shard(1)), each rank's slice of the sequence"
-        " gathered whole (gather_sequence)",
+        " gathered whole (gather_sequence: its backward sums); an input already gathered by"
+        " a PrepareModuleInput around this layer (region is not None and region.gave(name,"
+        " x)), as it is (that gather's backward sums its gradient: copy_to_ranks would sum it"
+        " twice); else the whole input every rank holds, through copy_to_ranks (its backward"
+        " sums)",
         "RowwiseParallel._forward": "this rank's partial output from its weight's columns and"
         " its share of the bias, then summed over the ranks (sum_over_ranks); with"
         " self.sequence_dim set (output_layouts=Shard(1)), reduce_scattered along it instead,"
@@ -108,7 +112,9 @@ EXERCISES = {
         " with s > 0 whose input \"(s-1)Fi\" was not placed in an EARLIER slot gets None"
         " instead (the rank stays on it); any other action is copied (the rank moves on). What"
         " a slot places counts as done only from the next slot. Actions are never changed or"
-        " reordered, only delayed"},
+        " reordered, only delayed. num_stages is stock's parameter (its own pass checks"
+        " more than this rule); the rule never needs it: only a forward ever waits, never an"
+        " I, a W or a B"},
         ("add_bubbles",), (2, 3, 4), (2, 3, 4)),
     "ring": Exercise("collectives.ring_reduce_scatter",
                      "torch.distributed.all_reduce and reduce_scatter_tensor (gloo)", {
@@ -129,16 +135,18 @@ EXERCISES = {
         " preserve_rng_state: without it, stock leaves the RNG where the run's draws left it); it"
         " collects the tensors that run saves, in order (raise _Stop after the last), and"
         " answers each number with its tensor, once. Refuse an argument changed in place"
-        " since the forward (its _version). Selective (save_ops): the forward under"
+        " since the forward (its _version moved): raise RuntimeError in the recompute, as"
+        " stock's autograd does. Selective (save_ops): the forward under"
         " Keep(kept, save_ops), the second under Reuse(kept, save_ops)"},
         ("checkpoint",), (1,), (1, 2, 3, 4)),
     "mesh": Exercise("mesh.device_mesh", "torch.distributed.device_mesh.init_device_mesh", {
         "grid_groups": "the groups along dimension dim of a row-major grid of ranks"
         " (torch.arange(prod(shape)).reshape(shape)): one per choice of the other"
         " coordinates, each the global ranks that differ only in coordinate dim, in order"
-        " along dim",
+        " along dim: a list of lists of ints, the groups in any order (every rank makes them"
+        " alike)",
         "grid_coordinate": "rank's index along each dimension of the row-major grid (the last"
-        " dimension varies fastest)"},
+        " dimension varies fastest): a list of ints, one per dimension"},
         ("grid_groups", "grid_coordinate", "DeviceMesh"), (2, 4), (1, 2, 3, 4)),
     "experts": Exercise("ep.parallel", "one process on the whole batch"
                         " (minddp/references/moe.py)", {
@@ -147,8 +155,9 @@ EXERCISES = {
         " swapped); None for send, recv and group",
         "ExpertsOnRanks.forward": "(1) all_to_all the counts: each rank's counts cut in runs of"
         " per_rank, one run to each ep rank, so that rows[j][e] is how many rows rank j sends to"
-        " my expert e; send[j] = my counts for rank j's experts, recv[j] = what rank j sends me;"
-        " (2) all_to_all the rows with those uneven splits (they arrive source-major: rank 0's run"
+        " my expert e; send[j] = my counts for rank j's experts, recv[j] = what rank j sends me"
+        " (dist.all_to_all_single's split sizes count rows, slices along dim 0, never elements;"
+        " none given: equal splits); (2) all_to_all the rows with those uneven splits (they arrive source-major: rank 0's run"
         " for my experts, then rank 1's); (3) regroup them by expert, keeping source order within"
         " an expert (a stable sort): each expert must see its rows in the order (source rank,"
         " token), the order one process on the whole batch gives it, or its gradient is summed in"
@@ -166,16 +175,21 @@ EXERCISES = {
         " all_reduce (SUM) over the group, then the square root ((sum of squares) ** 0.5)",
         "weight_norms": "for each parameter with a gradient, once (a tied weight once), in"
         " module.modules() order: torch.linalg.vector_norm of this rank's gradient (its"
-        " to_local() if a DTensor); made whole over dp if it is fully_shard's block (a"
-        " DTensor gradient), then over tp if it is a TP slice (SLICES[layer] names the"
-        " attribute); a copy (DDP's replica over dp, a weight TP leaves whole) as it is; the"
-        " norms grouped as stock's meshes: \"tp layers\" (the layers in SLICES) and \"others\"",
+        " to_local() if a DTensor); made whole (_whole) over dp's group, mesh[\"dp\"]"
+        ".get_group(), if it is fully_shard's block (a DTensor gradient), then over tp's,"
+        " mesh[\"tp\"].get_group(), if it is a TP slice (SLICES[layer] names the attribute);"
+        " a copy (DDP's replica over dp, a weight TP leaves whole) as it is; the norms grouped"
+        " as stock's meshes: \"tp layers\" (the layers in SLICES) and \"others\", a group"
+        " with no norm left out (torch.stack of none fails). Only clip_grad_norm_'s total and"
+        " gradients are graded: the keys are yours",
         "clip_grad_norm_": "each group's total: vector_norm of its norms stacked; the total:"
         " the groups' totals squared, summed (from torch.zeros(())), then ** 0.5; with pp:"
         " squared, all_reduce over pp, ** 0.5; then every gradient multiplied by max_norm /"
         " (total + 1e-6) clamped to 1.0, one gradient at a time (torch.nn.utils"
         ".clip_grads_with_norm_ with foreach=False does this: it takes the parameters, and"
-        " scales their .grad); return the total (before clipping)"},
+        " scales their .grad); return the total (before clipping). Stock's bits come from"
+        " stock's order; a total or a scale a rounding apart (another order of the sums, the"
+        " scale a Python float) is graded correct, within a stated bound"},
         ("weight_norms", "clip_grad_norm_"), (2, 4), (2, 4)),
     "ring_attention": Exercise("cp.ring_attention", "stock's ring attention"
                                " (torch.distributed.tensor.experimental._context_parallel)", {
@@ -183,15 +197,16 @@ EXERCISES = {
         " rank of world_size; zig-zag, of 2 * world_size chunks, rank and its mirror from the"
         " end, 2 * world_size - 1 - rank (stock's head-tail load balancer)",
         "part_of_block": "what rank `rank`'s queries compute against the keys of rank"
-        " `source`: (rows, cols, causal) slices of this rank's `length` positions, or None for"
-        " nothing: the rows that see any of its keys, the keys those rows see, causal=True only"
+        " `source`: (rows, cols, causal), rows and cols Python slices (slice(start, stop), not"
+        " lists of indices) of this rank's `length` positions, or None for nothing: the rows that see any of its keys, the keys those rows see, causal=True only"
         " where that block is not whole (the diagonal block s = r). No mask: everything. In"
         " order: an earlier rank's keys whole, a later one's none. Zig-zag (an early and a late"
         " chunk each): an earlier rank's early chunk for all my rows; a later rank's keys,"
         " whole, for my late chunk only",
         "ring_forward": "size steps round the ring: before computing, pass the k and v block"
         " held (one message, torch.cat of both flattened; pass_on with tag KV) on to the next"
-        " rank; at step i compute part_of_block(rank, (rank - i) % size, ...) of it with the"
+        " rank; at step i compute part_of_block(rank, (rank - i) % size, ...) of it (step 0:"
+        " this rank's own block, the diagonal one, always first) with the"
         " kernel (KERNELS[kernel][0]), its out and lse in float32 (lse with a trailing"
         " dimension of 1); the first step starts (out, lse), each later one merges into the"
         " rows it covers (blockwise.merge: stock's sigmoid and logsigmoid form); wait for the"

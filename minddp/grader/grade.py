@@ -14,8 +14,10 @@ and data and prints `passed` (bit for bit) or the first difference, with its ste
 parameter and element, and a diagnosis (judge/diagnosis.py): a factor of the world size,
 weights never copied from rank 0, a skipped average, a summation order, the optimizer... A
 rank that raises is reported at its line in the student's file; a rank stuck in a collective
-past --timeout, with the collective each rank was last in. A DDP average that is not stock's
-bits but lies within the rounding bound of the exact average is `correct` (judge/bound.py).
+past --timeout (or as soon as two ranks are inside one call of a group, called unlike), with
+the collective each rank was last in. A DDP average, the ring's sums, clip's norm and scale
+that are not stock's bits but lie within the rounding bound of the exact result are
+`correct` (judge/bound.py).
 Exit status 0 only when every check passes or is correct; 1 when one fails; 2 for a file or
 a flag the grader cannot use.
 """

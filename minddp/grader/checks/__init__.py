@@ -17,6 +17,7 @@ difference and what it means. In the exercises' order (an exercise's other parts
     interleaved.py              interleaved_1f1b against stock's interleaved schedules' lists
     zero_bubble.py              add_bubbles against stock's pass, every slot
     ring.py                     ring_reduce_scatter against gloo's all_reduce, reduce_scatter
+      ring_verdict.py           gloo's bits, or correct within any order's bound, or what's off
     recompute.py                checkpoint against torch.utils.checkpoint
       recompute_runs.py         the models and cases, one forward and backward recorded
     mesh.py                     grid_groups, grid_coordinate, init_device_mesh against stock's

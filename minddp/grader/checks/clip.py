@@ -16,6 +16,8 @@ results on every rank.
 
 import logging
 
+import numpy as np
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from ...bench.transformer import gpt
 from ...mesh.compose import parallelize, pipeline
 from ...references.libraries import LIBRARIES, stock_clip_grad_norm_
+from ..judge.bound import U
 from ..shared.training import _everyone, _ranks, _result
 from .clip_verdict import _hypotheses, _local, _verdict
 
@@ -107,9 +110,12 @@ def clip(student, rank, world_size):
             # each rank's own mistakes' totals: a part not summed is this rank's part alone
             return _everyone(_hypotheses(model, mesh, names, dp))
         everyone = _everyone({m: _compared(yours[m], theirs[m], before, m) for m in MAX_NORMS})
+        # every gradient element of the whole model (a tied weight once): the norm's terms
+        elements = sum(p.numel() for p in gpt(**SIZES, blocks=2, tied="pp" not in names)
+                       .parameters())
         results.append(_result(
             f"{_ranks(world_size)}, {label}: the total norm and every gradient, max_norm"
-            f" {MAX_NORMS[0]} and {MAX_NORMS[1]}", *_verdict(everyone, hypotheses)))
+            f" {MAX_NORMS[0]} and {MAX_NORMS[1]}", *_verdict(everyone, hypotheses, elements)))
     return results
 
 
@@ -154,4 +160,38 @@ def _compared(yours, theirs, before, max_norm):
             record["factor"] = next((k for k, f in factors.items() if torch.equal(b * f, g)),
                                     None)
             record["coef"] = coef.item()
+        if total is not None:
+            record.update(_scaled(grads, before, max_norm, total))
     return record
+
+
+def _scaled(grads, before, max_norm, total):
+    """How the gradients after compare with each one before times the exact scale of your
+    total, min(max_norm / (total + 1e-6), 1) (in float64): the most units of u (of each
+    product) any is off ("units"), and whether each is the one before times that scale
+    computed as a Python float (float64), rounded once at the multiply ("python float"), or
+    by stock's arithmetic on your total ("stock's on yours")."""
+    scale = min(max_norm / (total + 1e-6), 1.0)
+    # stock's own arithmetic on your total (a total a rounding apart scales apart too)
+    formula = torch.clamp(max_norm / (torch.tensor(total, dtype=torch.float32) + 1e-6),
+                          max=1.0)
+    units, python, as_stock = 0.0, True, True
+    for name, g in grads.items():
+        b = before[name]
+        if g is None and b is None:
+            continue  # (another stage's weight)
+        if g is None or b is None or g.shape != b.shape:
+            return {"units": float("inf"), "python float": False}
+        exact = b.double() * scale
+        gap = (g.double() - exact).abs()
+        size = U * exact.abs()
+        if bool((gap[size == 0] > 0).any()):
+            return {"units": float("inf"), "python float": False}
+        units = max(units, float((gap[size > 0] / size[size > 0]).max()) if (size > 0).any()
+                    else 0.0)
+        python &= torch.equal(g, b * scale)
+        as_stock &= torch.equal(g, b * formula)
+    theirs = float(formula)
+    ulps = abs(float(np.float32(scale)) - theirs) / float(np.spacing(np.float32(theirs)))
+    return {"units": units, "python float": python and not as_stock, "ulps": ulps,
+            "stock's on yours": as_stock}

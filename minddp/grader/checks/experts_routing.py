@@ -22,7 +22,8 @@ class _Splits(Exception):
 
     def __init__(self, seen):
         super().__init__("splits")
-        self.seen = seen  # each group rank's (output rows, input rows, out split, in split)
+        self.seen = seen  # each group rank's (output rows, input rows, out split, in split,
+        # output elements, input elements)
 
 
 @contextlib.contextmanager
@@ -36,7 +37,8 @@ def _agreed_splits(calls):
                 async_op=False):
         mine = (int(output.shape[0]), int(input.shape[0]),
                 None if output_split_sizes is None else [int(s) for s in output_split_sizes],
-                None if input_split_sizes is None else [int(s) for s in input_split_sizes])
+                None if input_split_sizes is None else [int(s) for s in input_split_sizes],
+                output.numel(), input.numel())
         seen = [None] * dist.get_world_size(group)
         dist.all_gather_object(seen, mine, group=group)
         calls.append(seen)
@@ -57,8 +59,8 @@ def _split(rows, split, size):
 
 def _consistent(seen):
     size = len(seen)
-    outs = [_split(o, s, size) for o, _, s, _ in seen]
-    ins = [_split(i, s, size) for _, i, _, s in seen]
+    outs = [_split(o, s, size) for o, _, s, _, _, _ in seen]
+    ins = [_split(i, s, size) for _, i, _, s, _, _ in seen]
     return all(sum(outs[r]) == seen[r][0] and sum(ins[r]) == seen[r][1] and len(outs[r]) ==
                len(ins[r]) == size for r in range(size)) and all(
         ins[i][j] == outs[j][i] for i in range(size) for j in range(size))
@@ -116,8 +118,19 @@ def _splits_verdict(everyone, world_size, dp):
     # what one process routes from group rank i to group rank j: i's pairs for j's experts
     routes = [[sum(counts[first + i][j * per_rank:(j + 1) * per_rank]) for j in range(ep)]
               for i in range(ep)]
-    outs = [_split(o, s, ep) for o, _, s, _ in seen]
-    ins = [_split(i, s, ep) for _, i, _, s in seen]
+    outs = [_split(o, s, ep) for o, _, s, _, _, _ in seen]
+    ins = [_split(i, s, ep) for _, i, _, s, _, _ in seen]
+    counted = next(((r, which, split) for r in range(ep) for which, split in
+                    (("output", outs[r]), ("input", ins[r])) if len(split) != ep), None)
+    if counted is not None:
+        r, which, split = counted
+        return False, (f"step {step}, {phase}, all_to_all number {call}: rank {first + r}'s"
+                       f" {which} splits {split}, {len(split)} of them"), (
+            f"all_to_all_single takes one split per rank of its group (ep = {ep}): split j is"
+            f" the rows to (or from) rank j" + (f"; yours gives one per expert"
+                                                f" ({NUM_EXPERTS}): add up each rank's run of"
+                                                f" {NUM_EXPERTS // ep} experts"
+                                                if len(split) == NUM_EXPERTS else ""))
     pair = next(((i, j) for i in range(ep) for j in range(ep) if ins[i][j] != outs[j][i]),
                 None)
     if pair is None:  # every pair agrees: a rank's splits do not add up to its rows
@@ -128,6 +141,14 @@ def _splits_verdict(everyone, world_size, dp):
         split = outs[r] if which == "output" else ins[r]
         where = (f"step {step}, {phase}, all_to_all number {call}: rank {first + r}'s {which}"
                  f" holds {held} rows, its {which} splits {split} add up to {sum(split)}")
+        elements = seen[r][4] if which == "output" else seen[r][5]
+        if sum(split) == elements != held:
+            return False, where, (
+                f"splits counted in elements, not rows: all_to_all_single's splits count"
+                f" rows (slices along dim 0); rank {first + r}'s {which} is {held} rows of"
+                f" {elements // max(held, 1)} elements, its {elements} elements are what"
+                f" {split} adds up to: give each rank's share in rows"
+                f" ({[n * held // elements for n in split]} here)")
     else:
         i, j = pair
         where = (

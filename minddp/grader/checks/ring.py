@@ -2,23 +2,25 @@
 
     minddp grade exercises/ring.py           # grade.py runs CHECKS["ring"] on every rank
 
-First a dry run (ranks/pairing.py): every send met by a receive as large, link by link, or
-the link and the message named where a real run would hang. Then the student's
-ring_reduce_scatter on gloo's blocks with the lesson's ring_all_gather after it, against
-gloo's all_reduce, and the file's reduce_scatter_tensor against gloo's: SUM, AVG (and MAX),
-float32 and bfloat16, sizes W divides and does not, bit for bit; and the elements each rank
-sends (a ring's W - 1 blocks). Each check runs on every rank, gathers what every rank saw,
+First a dry run (ranks/pairing.py): every send met by a receive as large, link by link, and
+no rank left waiting in a blocking send, or the link and the message named where a real run
+would hang. Then the student's ring_reduce_scatter on gloo's blocks with the lesson's
+ring_all_gather after it, against gloo's all_reduce, and the file's reduce_scatter_tensor
+against gloo's: SUM, AVG (and MAX), float32 and bfloat16, sizes W divides and does not, bit
+for bit or, a rounding apart, within the bound of any order of the sums (ring_verdict.py:
+`correct`, the ring the other way named); and the elements each rank sends (W - 1 blocks). Each check runs on every rank, gathers what every rank saw,
 and returns the same results on each: [{"check", "passed", "where", "diagnosis"}], the first
 difference and why.
 """
 
-import math
+import contextlib
 
 import torch
 import torch.distributed as dist
 
 from ..ranks.pairing import unpaired
 from ..shared.training import _everyone, _ranks, _result
+from .ring_verdict import _ring_verdict
 
 
 def ring(student, rank, world_size):
@@ -45,13 +47,18 @@ def ring(student, rank, world_size):
             for op in ("SUM", "AVG", "MAX"):
                 yours, stock = x.clone(), x.clone()
                 blocks = gloo_blocks(yours, world_size)
+                given = list(blocks)
                 student.ring_reduce_scatter(blocks, getattr(dist.ReduceOp, op), None)
+                # what each rank holds before the all_gather, and the blocks it replaced
+                # (blocks[i] = a new tensor: the caller's buffer never sees it)
+                held = [b.clone() for b in blocks]
+                replaced = [b for b, t in enumerate(blocks) if t is not given[b]]
                 ring_all_gather(blocks, None)
                 finish(getattr(dist.ReduceOp, op), yours, world_size)
                 dist.all_reduce(stock, op=getattr(dist.ReduceOp, op))
                 block_of = [b for b, length in enumerate(edges) for _ in range(length)]
                 key = f"all_reduce {op}, {n} element{'s' * (n != 1)}"
-                seen[key] = (x, yours, stock, list(range(n)), block_of, op)
+                seen[key] = (x, yours, stock, list(range(n)), block_of, op, held, replaced)
         everyone = _everyone(seen)
         results.append(_result(f"{_ranks(world_size)}, all_reduce (your reduce_scatter, the"
                                f" lesson's all_gather), {str(dtype)[6:]}: SUM, AVG, MAX,"
@@ -65,17 +72,36 @@ def ring(student, rank, world_size):
             for op in ("SUM", "AVG"):
                 yours, stock = torch.empty(per_rank, dtype=dtype), torch.empty(per_rank,
                                                                                 dtype=dtype)
-                student.reduce_scatter_tensor(yours, x, op=getattr(dist.ReduceOp, op))
+                held = []
+                with _holding(student, held):  # (the file's reduce_scatter calls its ring)
+                    student.reduce_scatter_tensor(yours, x, op=getattr(dist.ReduceOp, op))
                 gloo_reduce_scatter(stock, x, op=getattr(dist.ReduceOp, op))
                 seen[f"reduce_scatter_tensor {op}, {str(dtype)[6:]}, {per_rank} elements a"
                      f" rank"] = (x, yours, stock, [rank * per_rank + i for i in
-                                                    range(per_rank)], [rank] * per_rank, op)
+                                                    range(per_rank)], [rank] * per_rank, op,
+                                  held[0] if held else None, [])
     everyone = _everyone(seen)
     results.append(_result(f"{_ranks(world_size)}, reduce_scatter_tensor: SUM, AVG, float32"
                            f" and bfloat16", *_ring_verdict(everyone, world_size)))
     results.append(_result(f"{_ranks(world_size)}, what the ring sends: W - 1 blocks a rank",
                            *_ring_sends(student, rank, world_size)))
     return results
+
+
+@contextlib.contextmanager
+def _holding(student, held):
+    """The student's ring_reduce_scatter, as the file's own functions call it, noting in
+    `held` what the blocks hold after it."""
+    ring_ = student.ring_reduce_scatter
+
+    def noted(blocks, op, group):
+        ring_(blocks, op, group)
+        held.append([b.clone() for b in blocks])
+    student.ring_reduce_scatter = noted
+    try:
+        yield
+    finally:
+        student.ring_reduce_scatter = ring_
 
 
 def _ring_sends(student, rank, world_size):
@@ -115,63 +141,3 @@ def _ring_values(rank, n, dtype):
     g = torch.Generator().manual_seed(1000 * rank + n)
     return (torch.randn(n, generator=g) * 2.0 ** torch.randint(-4, 5, (n,), generator=g)
             ).to(dtype)
-
-
-def _ring_verdict(everyone, world_size):
-    for key in everyone[0]:
-        for rank in range(world_size):
-            _, yours, stock, at, block_of, op = everyone[rank][key]
-            if torch.equal(yours, stock):
-                continue
-            i = int((yours != stock).nonzero()[0])
-            b = block_of[i]
-            where = (f"{key}, rank {rank}, element {i} (block {b}): yours"
-                     f" {float(yours[i])!r}, gloo's {float(stock[i])!r}")
-            mine = [float(everyone[r][key][0][at[i]]) for r in range(world_size)]
-            return False, where, _ring_why(op, mine, b, float(yours[i]), float(stock[i]),
-                                           yours.dtype, world_size)
-    return True, "", ""
-
-
-def _ring_why(op, x, b, yours, stock, dtype, world_size):
-    """Why block b's element reads `yours`: x[r] is rank r's own value of it."""
-    bits = 24 if dtype == torch.float32 else 8
-    ulp = 2.0 ** (math.frexp(stock)[1] - bits) if stock else 2.0 ** -126
-    tolerance = 2 * world_size * sum(map(abs, x)) * 2.0 ** -bits + ulp
-
-    def of(values):  # the reduction of these ranks' values, exact
-        if op == "MAX":
-            return max(values)
-        return sum(values) / (world_size if op == "AVG" else 1)
-    if yours == of([x[b]]) and world_size > 1:
-        return (f"block {b} is still rank {b}'s own value: it never travelled round the ring."
-                f" In W - 1 = {world_size - 1} step(s) each rank combines the partial sum that"
-                f" arrives into its copy of the next block; the last step adds into rank b's"
-                f" block b: a step short leaves it as it was")
-    if op != "MAX" and abs(yours - of(x)) <= tolerance:
-        return (f"every rank's value, added in another order: a rounding difference of"
-                f" {abs(yours - stock) / ulp:g} unit(s) of the last place. gloo adds block b as"
-                f" x_b + (x_(b+1) + (... + x_(b-1))): what arrives from rank + 1 is added to"
-                f" this rank's own copy, mine + arrived, and that sum is sent on to rank - 1")
-    copied = [k for k in range(world_size) if k != b and yours == of([x[k]])]
-    if copied:
-        return (f"block {b} holds rank {copied[0]}'s value alone: each step copied what"
-                f" arrived over this rank's own copy instead of combining the two,"
-                f" mine <- op(mine, arrived)")
-    if op == "MAX" and abs(yours - sum(x)) <= tolerance:
-        return ("the ranks' values added, not their MAX: combine with the op,"
-                " ops.combine(op, mine, arrived), not +")
-    for k in range(world_size):
-        if abs(yours - of(x[:k] + x[k + 1:])) <= tolerance:
-            return (f"the {op} of W - 1 = {world_size - 1} ranks' values: rank {k}'s is"
-                    f" missing" + (f", block {b}'s own: what arrives must be combined with"
-                                   f" this rank's copy, mine <- op(mine, arrived), not copied"
-                                   f" over it" if k == b else
-                                   ": a step short, or a block that left before rank"
-                                   f" {k} added to it"))
-        if op != "MAX" and abs(yours - of(x + [x[k]])) <= tolerance:
-            return (f"rank {k}'s value counted twice: a step too many, or a partial sum"
-                    f" combined into a block that already held it")
-    return (f"a value no reduction of the ranks' values gives (theirs: {x}): blocks mixed up"
-            f" (a block index off by one: at step s rank r sends block r + s + 1 and adds"
-            f" into block r + s + 2), or a block received into the wrong place")

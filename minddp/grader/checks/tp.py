@@ -155,7 +155,7 @@ def _check(student, rank, world_size, sequence):
     passed, where, why = compare(_runs(everyone, "yours"), _runs(everyone, "stock"), world_size,
                                  "stock adds each rank's share of the row split's bias before"
                                  " the sum")
-    why = _in_tp_words(why, where, world_size)
+    why = _in_tp_words(why, where, world_size, gathered)
     if where.endswith("down.bias") and why.startswith("no gradient"):
         why = ("no gradient for this rank's copy of the row split's bias: it was added on one"
                " rank only, so only that rank's copy takes part in the loss, and the copies"
@@ -186,8 +186,9 @@ def _check(student, rank, world_size, sequence):
     return result
 
 
-def _in_tp_words(why, where, world_size):
-    """compare()'s DDP words (an average skipped, a sum not divided) said as TP's mistakes."""
+def _in_tp_words(why, where, world_size, gathered=False):
+    """compare()'s DDP words (an average skipped, a sum not divided) said as TP's mistakes;
+    gathered: the block's input gathered by PrepareModuleInput before the column split."""
     value = ("(output)" if "(output)" in where else
              "(the input's gradient)" if "(the input's gradient)" in where else None)
     if "the average was skipped" in why:
@@ -204,6 +205,12 @@ def _in_tp_words(why, where, world_size):
                                                f" rank: a sum over the ranks is missing")
     factor = f"{world_size:.3f}x stock's"
     if world_size > 1 and why.startswith(factor) and "summed, not averaged" in why:
+        if gathered:
+            return (why.split(": summed, not averaged")[0] + ": the ranks' partial values"
+                    " summed twice: the column split's input was gathered already, by"
+                    " PrepareModuleInput (region.gave(name, x) is True), and that gather's"
+                    " backward (a reduce_scatter) sums its gradient over the ranks;"
+                    " copy_to_ranks sums it once more: return such an input as it is")
         return (why.split(": summed, not averaged")[0] + ": the ranks' partial values summed"
                 " twice: one sum too many over the ranks (copy_to_ranks where"
                 " gather_sequence's backward already sums, or a sum_over_ranks after"

@@ -8,6 +8,7 @@ every slot, None included, from stock's own lists before its pass; then the same
 forwards must wait. As every check: it runs on every rank and returns the same results on each.
 """
 
+import sys
 from collections import Counter
 
 from torch.distributed.pipelining import ScheduleInterleavedZeroBubble  # before any group
@@ -18,10 +19,20 @@ from ..shared.pipeline_lists import (KINDS, LOCAL, _microbatches, _parse, _spell
 from ..shared.training import _everyone, _ranks, _result
 
 
+BUDGET = 200_000  # lines of the student's file, the smallest case (a right pass: 187-575)
+
+
 def zero_bubble(student, rank, world_size):
     """add_bubbles(every rank's list, stages) against stock's ScheduleInterleavedZeroBubble:
     every slot, None included; then on the same lists packed (their None slots taken out)
-    against stock's own pass, _add_bubbles_to_actions, where many forwards must wait."""
+    against stock's own pass, _add_bubbles_to_actions, where many forwards must wait. First
+    the smallest case under a budget of lines: a pass that never ends is named there, in a
+    fraction of a second, not at the grade's time limit."""
+    endless = _endless(student, rank, world_size)
+    if endless:
+        return [_result(f"{_ranks(world_size)}, {LOCAL[0]} stages a rank, the zero-bubble"
+                        f" lists: {_microbatches(accepted(world_size)[0])}, within"
+                        f" {BUDGET:,} lines", False, *endless)]
     results = []
     for packed in (False, True):
         for local in LOCAL:
@@ -47,6 +58,67 @@ def zero_bubble(student, rank, world_size):
                      f" {', '.join(map(str, accepted(world_size)))} microbatches, every slot")
             results.append(_result(label, *_bubbles_verdict(everyone, world_size)))
     return results
+
+
+class _Spent(Exception):
+    """The budget of lines is used up (raised inside the student's frame by the tracer)."""
+
+
+def _endless(student, rank, world_size):
+    """(where, why) if add_bubbles runs past BUDGET lines of the student's file on the
+    smallest case (the same lists on every rank: all decide alike, no collective), else None.
+    A pure function: its lines are counted (sys.settrace, the student's frames only)."""
+    n, local = accepted(world_size)[0], LOCAL[0]
+    schedule = _stock(ScheduleInterleavedZeroBubble, rank, world_size, local, n)
+    lists = [_strings(schedule._calculate_single_rank_operations(r)) for r in range(world_size)]
+    file, spent, last = student.__file__, [0], {}
+
+    def count(frame, event, arg):
+        if event == "line":
+            spent[0] += 1
+            if spent[0] > BUDGET:
+                last.update(line=frame.f_lineno, names=dict(frame.f_locals))
+                raise _Spent
+        return count
+    previous = sys.gettrace()
+    sys.settrace(lambda frame, event, arg: count if frame.f_code.co_filename == file else None)
+    try:
+        student.add_bubbles([list(lst) for lst in lists], local * world_size)
+        return None
+    except _Spent:
+        pass
+    except Exception:  # (raised again, at its line, by the cases below)
+        return None
+    finally:
+        sys.settrace(previous)
+    source = open(file).read().splitlines()[last["line"] - 1].strip()
+    where = (f"{_microbatches(n)}: {BUDGET:,} lines of your file run, the last at line"
+             f" {last['line']}: {source}")
+    return where, (f"add_bubbles never returns: a right pass takes a few hundred lines here"
+                   f" (a slot per action at most, each rank's next entry in it), yours"
+                   f" {BUDGET:,} and on" + _waiting(lists, last["names"]))
+
+
+def _waiting(lists, names):
+    """What the pass waits for forever, read from its own variables where a list of new lists
+    (one per rank, the slots placed so far) is among them."""
+    made = next((v for v in names.values() if isinstance(v, list) and len(v) == len(lists)
+                 and all(isinstance(x, list) for x in v)
+                 and any(len(x) > 2 * len(given) for x, given in zip(v, lists))), None)
+    for r, slots in enumerate(made or []):
+        placed = [a for a in slots if a is not None]
+        given = [a for a in lists[r] if a is not None]
+        if len(slots) > 2 * len(lists[r]) and len(placed) < len(given):
+            action = given[len(placed)]
+            stage, kind, i = _parse(action)
+            return (f": rank {r} waits forever before {_spell(action)}: "
+                    + (f"only a forward waits, for the stage before's forward of the same"
+                       f" microbatch; stock never delays a {kind} (an I, W or B of stage s"
+                       f" that waits for stage s - 1's waits forever: the backwards run from"
+                       f" the last stage down)" if kind != "F" else
+                       f"its input, {stage - 1}F{i}, is never placed"))
+    return (": a loop that never ends (the rank's next entry never taken, or a `while` that"
+            " nothing makes false)")
 
 
 def _strings_of(order):

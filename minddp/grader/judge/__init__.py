@@ -4,5 +4,6 @@
 
     diagnosis.py  a run beside stock's: the first element apart and its likeliest cause (a
                   factor of the world size, a source rank, a summation order, the optimizer)
-    bound.py      `correct`: the rounding bound a right average that is not stock's lies in
+    bound.py      `correct`: the rounding bound a right average, sum or norm that is not
+                  stock's bits lies in
 """

@@ -11,13 +11,18 @@ float32 in any order, W terms carry an error of at most gamma(W-1) sum_r |g_r / 
 = k u / (1 - k u), u = 2^-24: Higham, "Accuracy and Stability of Numerical Algorithms",
 4.2); scaling each term first adds 2u of each, scaling the sum last u of it. So
 
-    |yours - exact| <= (W + 2) u sum_r |g_r| / W    for every element (BOUND_UNITS = W + 2).
+    |yours - exact| <= (W + 2) u sum_r |g_r| / W    for every element (ddp_units(W) = W + 2).
 
 Each step is judged from the student's own weights: every rank computes its local gradient
 on a plain copy of its model before the step, so one rounding difference in step 0 does not
 become a failure in step 2. A DDP also keeps its replicas equal: every rank's gradient and
 weights the same. Within the bound, equal on every rank, at every step: correct. What
 differs from stock is named by trying the usual right ways on the same gradients.
+
+The same two bounds judge the other exercises whose right answer may round apart from
+stock's: any_order() a sum of the ranks' values in any order (the ring's blocks: gamma(W-1)
+sum |x_r|), norm_allowed() a 2-norm summed in any order (clip's total); gamma() is Higham's
+factor for k roundings in a row (a scale computed as a Python float, or in float32 tensors).
 """
 
 import numpy as np
@@ -27,6 +32,40 @@ import torch.distributed as dist
 from ...launch.groups import global_rank
 
 U = 2.0 ** -24  # float32's unit roundoff
+# bfloat16's: its adds are computed in float32, then rounded to bfloat16 (two roundings)
+BF16_U = 2.0 ** -8 + 2.0 ** -24
+
+
+def gamma(k, u=U):
+    """Higham's gamma(k) = k u / (1 - k u): k roundings in a row, each a factor (1 + d) with
+    |d| <= u, are together a factor (1 + t) with |t| <= gamma(k) (Higham, 3.1)."""
+    return k * u / (1 - k * u)
+
+
+def any_order(terms, u=U):
+    """(exact, allowed): the exact sum of `terms` (one term a row: n of them, added row by
+    row, in float64) and how far any order of adding them in a float of unit roundoff u
+    may land from it, elementwise: gamma(n - 1) sum|x| (Higham, 4.2)."""
+    parts = np.asarray(terms, dtype=np.float64)
+    return parts.sum(0), gamma(len(parts) - 1, u) * np.abs(parts).sum(0)
+
+
+def norm_allowed(elements, roots=6, u=U):
+    """The relative error a 2-norm of `elements` numbers computed in float32 may carry, in
+    any order: the squares (1 rounding each), summed in any tree (gamma(elements - 1) for
+    positive terms, whatever the order: the all_reduces, the stacks and the joins are nodes
+    of it), a square root taken and squared again on the way `roots` times (3 roundings
+    each: a weight's norm made whole over dp, then tp, stacked, joined, summed over pp);
+    so the sum is S (1 + t), |t| <= g = gamma(elements + 3 roots), and its root
+    sqrt(S) (1 + t') (1 + d): |t'| <= g / (2 - g), |d| <= u."""
+    g = gamma(elements + 3 * roots, u)
+    return (1 + u) * (1 + g / (2 - g)) - 1
+
+
+def ddp_units(world_size):
+    """The units of u sum|g_r| / W a right average may be off: W - 1 for the sum in any order
+    (any_order's gamma), 2 for a scale before it (x / W of each term), or 1 after it."""
+    return (world_size - 1) + 3
 
 
 def local_gradients(plain, module, microbatches, loss_fn):
@@ -123,10 +162,10 @@ def judge(yours, locals_, ways, world_size, notes=NOTES):
                 gap = np.abs(got.astype(np.float64) - exact)
                 units = float((gap / np.maximum(U * scale, np.finfo(np.float64).tiny)).max())
                 units_seen = max(units_seen, units)
-                if units > world_size + 2:
+                if units > ddp_units(world_size):
                     return (False, f"step {step}, rank {rank}, {name}",
                             f"{units:.3g} units of u x sum|g_r|/W from the exact average, where"
-                            f" any order of the sum stays within {world_size + 2}: a wrong"
+                            f" any order of the sum stays within {ddp_units(world_size)}: a wrong"
                             f" gradient, not a different order")
             matched &= {w for w in notes if np.array_equal(mine[0][name], ways[step][w][name])}
     way = next(iter(sorted(matched)), None)
@@ -134,5 +173,6 @@ def judge(yours, locals_, ways, world_size, notes=NOTES):
                                     " or the 1/W in another place (before or after the sum,"
                                     " a divide or a multiply), in buffers that no one"
                                     " all_reduce per parameter reproduces")
-    return True, "", (f"correct, not stock's bits: within {units_seen:.2g} of the {world_size + 2}"
+    return True, "", (f"correct, not stock's bits: within {units_seen:.2g} of the"
+                      f" {ddp_units(world_size)}"
                       f" units any order allows, the same on every rank, at every step; {what}")

@@ -6,5 +6,6 @@
                   the exercise's check; their results, or the rank that raised, or where
                   each one waits past the time limit, read back
     mismatch.py   why ranks hang in a collective: each one's group, src and sizes side by side
-    pairing.py    do a student's sends and receives pair up? a dry run, before a real one hangs
+    pairing.py    do a student's sends and receives pair up, and complete? a dry run, before
+                  a real one hangs
 """

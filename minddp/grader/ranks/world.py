@@ -7,7 +7,9 @@ running the exercise's checks (checks/). Two failures are read
 back instead of results: a rank that raised (the first one whose traceback passes through
 the student's file: its line there), and ranks still running past the time limit, counted
 from the moment all of them have joined the group (a slow torch import is no hang): each
-rank notes every collective it enters and leaves, so the report says where each one waits.
+rank notes every collective it enters and leaves, with its ordinal on its group, so the
+report says where each one waits; and ranks are stopped at once, whatever the time limit,
+when two of them are inside the same call of a group called unlike (mismatch.certain).
 """
 
 import faulthandler
@@ -57,6 +59,7 @@ def _record_collectives(path, student_file):
     from .mismatch import details
     from ..shared.training import COLLECTIVES
     log = open(path, "a", buffering=1)
+    calls = {}  # per group: how many collectives this rank has entered on it
 
     def wrap(name, original):
         def call(*args, **kwargs):
@@ -65,8 +68,12 @@ def _record_collectives(path, student_file):
             where = next((f"{pathlib.Path(f.filename).name} line {f.lineno}"
                           for f in reversed(stack) if f.filename == student_file),
                          NOT_THEIRS[0] if ours else NOT_THEIRS[1])
+            noted = details(original, args, kwargs)
+            if name not in mismatch.P2P:  # the ordinal of this call on its group
+                key = repr(noted.get("group"))
+                noted["call"] = calls[key] = calls.get(key, -1) + 1
             # how it was called, for a hang's diagnosis (mismatch.py), after a tab
-            log.write(f"in {name} ({where})\t{json.dumps(details(original, args, kwargs))}\n")
+            log.write(f"in {name} ({where})\t{json.dumps(noted)}\n")
             result = original(*args, **kwargs)
             log.write("done\n")
             return result
@@ -136,15 +143,21 @@ def run_world(file, name, world_size, timeout):
                                      nprocs=world_size, start_method="forkserver", join=False)
         out, failed = pathlib.Path(tmp), False
         deadline = time.monotonic() + STARTING_S  # (torch's import may take a while)
-        started = False
+        started, certain = False, False
         while not all(p.exitcode is not None for p in context.processes):
             failed = any(p.exitcode not in (None, 0) for p in context.processes)
             if not started and len(list(out.glob("rank*.started"))) == world_size:
                 started, deadline = True, time.monotonic() + timeout
             if failed or time.monotonic() > deadline:
                 break
+            # Ranks inside a collective that can never complete (mismatch.certain): they are
+            # stopped now, whatever the time limit.
+            certain = started and mismatch.certain(_entered(out, world_size), world_size)
+            if certain:
+                break
             time.sleep(0.05)
-        stuck = not failed and time.monotonic() > deadline
+        stuck = "certain" if certain else \
+            "time" if not failed and time.monotonic() > deadline else None
         for p in context.processes:
             if p.is_alive():
                 p.kill()
@@ -152,8 +165,49 @@ def run_world(file, name, world_size, timeout):
         return report(out, file, name, world_size, timeout, stuck)
 
 
+def _entered(out, world_size):
+    """{rank: (collective, how it was called, from the student's file)} for each rank whose
+    last line in its log is a collective it entered and has not left: the ends of the logs
+    only (read every 50 ms)."""
+    entered = {}
+    for rank in range(world_size):
+        try:
+            with open(out / f"rank{rank}.collectives", "rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
+                lines = log.read().decode(errors="replace").split("\n")
+        except FileNotFoundError:
+            continue
+        last = lines[-2] if len(lines) > 1 else ""  # (whole lines only)
+        what, _, noted = last.partition("\t")
+        try:
+            if what.startswith("in "):
+                entered[rank] = (what.split()[1], json.loads(noted), _theirs(what))
+        except json.JSONDecodeError:
+            continue
+    return entered
+
+
+def _theirs(what):
+    """Whether a logged call came from the student's file (not the grader's, nor stock's)."""
+    return not what.endswith(tuple(f"({where})" for where in NOT_THEIRS))
+
+
+def _group(out, world_size):
+    """The ranks of the group the check made last (dist.new_group), or None."""
+    group = None
+    for rank in range(world_size):
+        path = out / f"rank{rank}.collectives"
+        lines = path.read_text().split("\n")[:-1] if path.exists() else []
+        groups = [json.loads(line.split("\t")[1]) for line in lines
+                  if line.startswith("group\t")]
+        group = groups[-1] if groups else group
+    return group
+
+
 def report(out, file, name, world_size, timeout, stuck):
-    """[the results], or one failed result, from what the ranks left in the folder `out`."""
+    """[the results], or one failed result, from what the ranks left in the folder `out`.
+    stuck: "time" (ranks still running at the limit), "certain" (stopped as soon as their
+    calls showed they never could finish), or None (they ended)."""
     label = f"{world_size} rank{'s' if world_size > 1 else ''}"
     # The first rank that raised in the student's file; a peer's error that follows it
     # ("Connection closed by peer") only says that a rank went away.
@@ -165,7 +219,7 @@ def report(out, file, name, world_size, timeout, stuck):
     if said:
         return [_exception(label, said[0], file, name)]
     if stuck or left or not (out / "results.json").exists():
-        return [_stuck(label, out, world_size, timeout, file)]
+        return [_stuck(label, out, world_size, timeout, file, stuck)]
     return json.loads((out / "results.json").read_text())
 
 
@@ -186,20 +240,17 @@ def _exception(label, error_file, file, name):
     return {"check": f"{label}: the run", "passed": False, "where": where, "diagnosis": what}
 
 
-def _stuck(label, out, world_size, timeout, file):
-    said, waiting, running, waits, group = [], False, False, {}, None
+def _stuck(label, out, world_size, timeout, file, stuck="time"):
+    said, waiting, running, waits = [], False, False, {}
+    group = _group(out, world_size)
     for rank in range(world_size):
         # (whole lines only: a rank killed at the limit may have been writing its last one)
         lines = (out / f"rank{rank}.collectives").read_text().split("\n")[:-1] \
             if (out / f"rank{rank}.collectives").exists() else []
-        groups = [json.loads(line.split("\t")[1]) for line in lines
-                  if line.startswith("group\t")]
-        group = groups[-1] if groups else group
         lines = [line for line in lines if not line.startswith("group\t")]
         last, _, noted = (lines[-1] if lines else "none").partition("\t")
         if last.startswith("in "):
-            mine = not last.endswith(tuple(f"({where})" for where in NOT_THEIRS))
-            waits[rank] = (last.split()[1], json.loads(noted) if noted else {}, mine)
+            waits[rank] = (last.split()[1], json.loads(noted) if noted else {}, _theirs(last))
         at = _line_in(out / f"rank{rank}.stack", file)
         waiting |= last.startswith("in ")
         running |= at is not None and not last.startswith("in ")
@@ -207,16 +258,18 @@ def _stuck(label, out, world_size, timeout, file):
                     f"rank {rank} {at or 'in none'}")
     elsewhere = ("a send or receive whose peer never posts its match (sizes or peers that do"
                  " not pair up), or a loop that never ends")
-    why = (f"the ranks never finished within {timeout:g} s, none of them in a collective: each"
-           f" runs the line named: {elsewhere}" if not waiting else
-           f"a collective that never completed within {timeout:g} s: a rank waits for peers"
-           f" that never join it; " + ("the others never got past the lines named: "
-                                        + elsewhere if running else
-                                        "a collective on some ranks only, or in another order"))
+    within = {"certain": "can never complete", "time": f"never completed within {timeout:g} s"
+              }.get(stuck, "never completed")  # (None: a rank left it, the others saw it go)
+    finished = f" within {timeout:g} s" if stuck == "time" else ""
+    why = (f"the ranks never finished{finished}, none of them in a collective: each runs the"
+           f" line named: {elsewhere}" if not waiting else
+           f"a collective that {within}: a rank waits for peers that never join it; "
+           + ("the others never got past the lines named: " + elsewhere if running else
+              "a collective on some ranks only, or in another order"))
     named = mismatch.why(waits, world_size, group) if waiting else None
     return {"check": f"{label}: the run", "passed": False, "where": "; ".join(said),
-            "diagnosis": f"a collective that never completed within {timeout:g} s: {named}"
-            if named else why, "stuck": True}
+            "diagnosis": f"a collective that {within}: {named}" if named else why,
+            "stuck": True}
 
 
 def _line_in(stack_file, file):

@@ -59,7 +59,12 @@ def _runs(everyone, who):
 
 
 def _result(check, passed, where="", diagnosis=""):
-    return {"check": check, "passed": passed, "where": where, "diagnosis": diagnosis}
+    """A check's result; one that passes with a diagnosis "correct, ..." is `correct`: right
+    within a stated rounding bound (judge/bound.py), not stock's bits."""
+    result = {"check": check, "passed": passed, "where": where, "diagnosis": diagnosis}
+    if passed and diagnosis.startswith("correct"):
+        result["outcome"] = "correct"
+    return result
 
 
 def _ranks(world_size):
