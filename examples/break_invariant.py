@@ -1,4 +1,4 @@
-"""Break the invariant mode and see: one fixed order turned off, and which meshes part from one process.
+"""Break the invariant mode and see: one fixed order turned off, which meshes part from one process.
 
     python examples/break_invariant.py --break all          # each break in turn
     python examples/break_invariant.py --break dp-ring      # gloo's ring over dp: 4 ranks part

@@ -196,6 +196,13 @@ def test_each_exercise_has_a_checks_file_named_after_it():
         assert check.__module__ == f"minddp.grader.checks.{name}", name
 
 
+def test_no_line_of_the_package_or_the_examples_passes_100_columns():
+    wide = [f"{path.relative_to(REPO)}:{n}" for path in [*PACKAGE.rglob("*.py"),
+                                                          *(REPO / "examples").glob("*.py")]
+            for n, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 100]
+    assert not wide, f"lines past 100 columns: {wide}"
+
+
 def test_the_fsdp_lesson_holds_no_drop_in_part():
     source = (PACKAGE / "fsdp" / "shard.py").read_text()
     for part in ("MixedPrecisionPolicy", "param_dtype", "reduce_dtype", "_fsdp_replaced_by",

@@ -119,7 +119,8 @@ def grade_folder(folder, args):
         correct = sum(outcome_of(r) == "correct" for r in results)
         rows.append([file.name, f"{len(results) - len(failed)} of {len(results)}"
                      + (f" ({correct} correct)" if correct else ""),
-                     failed[0]["check"] if failed else "", failed[0]["diagnosis"] if failed else ""])
+                     failed[0]["check"] if failed else "",
+                     failed[0]["diagnosis"] if failed else ""])
         reports.append({"file": str(file), "passed": not failed, "checks": results})
     if args.json:
         print(json.dumps({"exercise": args.exercise, "files": reports}, indent=1))

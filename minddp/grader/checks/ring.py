@@ -8,9 +8,9 @@ would hang. Then the student's ring_reduce_scatter on gloo's blocks with the les
 ring_all_gather after it, against gloo's all_reduce, and the file's reduce_scatter_tensor
 against gloo's: SUM, AVG (and MAX), float32 and bfloat16, sizes W divides and does not, bit
 for bit or, a rounding apart, within the bound of any order of the sums (ring_verdict.py:
-`correct`, the ring the other way named); and the elements each rank sends (W - 1 blocks). Each check runs on every rank, gathers what every rank saw,
-and returns the same results on each: [{"check", "passed", "where", "diagnosis"}], the first
-difference and why.
+`correct`, the ring the other way named); and the elements each rank sends (W - 1 blocks).
+Each check runs on every rank, gathers what every rank saw, and returns the same results on
+each: [{"check", "passed", "where", "diagnosis"}], the first difference and why.
 """
 
 import contextlib
