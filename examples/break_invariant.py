@@ -2,8 +2,9 @@
 
     python examples/break_invariant.py --break all          # each break in turn
     python examples/break_invariant.py --break dp-ring      # gloo's ring over dp: 4 ranks part
+    python examples/break_invariant.py --break chunks clip  # two of them
 
-The small GPT of examples/gpt_nd.py trains 3 steps in invariant mode (sequence parallel,
+The small GPT of examples/gpt_nd.py trains 3 SGD steps in invariant mode (sequence parallel,
 --clip 0.1, dropout 0.1) in one process and on every mesh of 2 and 4 ranks, ranks started
 here (gloo), with one of minddp/invariant/'s orders patched back to the normal mode's (the
 library itself stays unbroken). Each mesh's whole gradients are compared with the one
@@ -26,7 +27,8 @@ MESHES = {1: ["dp=1"], 2: ["dp=2", "tp=2", "pp=2"], 4: ["dp=4", "dp=2,tp=2", "pp
 
 if __name__ == "__main__":  # the flags first, before torch loads: a typo costs a moment
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--break", dest="broken", default="all", choices=[*BREAKS, "all"])
+    parser.add_argument("--break", dest="broken", nargs="+", default=["all"],
+                        choices=[*BREAKS, "all"], help="one or more, or all")
     args = parser.parse_args()
 
 import contextlib
@@ -70,8 +72,9 @@ class RunningSum:  # "shard-order": the tree's Folder, as .grad accumulates
 
 def ring_sum(parts, group=None):  # "dp-ring": the tree on the rank, gloo's ring over ranks
     total = fold(list(parts)).clone()
-    if group is not None:
-        dist.all_reduce(total, group=group)
+    for one in group if isinstance(group, (list, tuple)) else [group]:  # HSDP's: a list
+        if one is not None:
+            dist.all_reduce(total, group=one)
     return total
 
 
@@ -111,7 +114,7 @@ def train(mesh_text, table):
                                       fully_shard=LIBRARIES["manual"].fully_shard,
                                       sequence_parallel=True, dropout=0.1)
     clip = mesh_clip(training, mesh) if BROKEN == "clip" else training.clip_grad_norm_
-    optimizer = torch.optim.AdamW(training.stage.parameters(), lr=1e-2, foreach=False)
+    optimizer = torch.optim.SGD(training.stage.parameters(), lr=0.1, momentum=0.9)
     grad_table = GradTable(model, table)
     for i in range(3):
         tokens = torch.randint(0, 32, (8, 9), generator=torch.Generator().manual_seed(i))
@@ -154,5 +157,5 @@ def run(broken):
 
 if __name__ == "__main__":
     with exit_on_failure(), exit_on_usage_error():
-        for name in (BREAKS if args.broken == "all" else [args.broken]):
+        for name in (BREAKS if "all" in args.broken else args.broken):
             run(name)

@@ -13,12 +13,15 @@ one process. Unit checks of the tree, the chunks and the refusals run in this pr
 """
 
 import copy
+import re
+import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import share_spawn, shared_results, usage_errors
+from ahead import ahead_run
+from helpers import REPO, share_spawn, shared_results, usage_errors
 from minddp.bench.transformer import gpt
 from minddp.invariant.tree import Folder, fold, tree_sum
 from minddp.mesh.device_mesh import init_device_mesh
@@ -195,7 +198,7 @@ def test_the_vocabulary_in_chunks_is_cross_entropy_to_rounding():
     ("--mesh tp=2 --chunks 4 --sequence-parallel --recompute full", None),
 ])
 def test_what_the_mode_cannot_order_is_one_line_before_any_group(flags, message):
-    from helpers import REPO, load_script
+    from helpers import load_script
     from minddp import UsageError
     script = load_script(REPO / "examples" / "gpt_nd.py")
     args = script.parser().parse_args(["--invariant", *flags.split()])
@@ -207,3 +210,43 @@ def test_what_the_mode_cannot_order_is_one_line_before_any_group(flags, message)
         return
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         script.checked(args, world)
+
+
+BREAKS = ahead_run([sys.executable, str(REPO / "examples" / "break_invariant.py"), "--break",
+                    "dp-ring", "chunks"])
+
+
+def test_each_order_turned_off_parts_only_the_meshes_that_split_its_sum():
+    # examples/break_invariant.py against one process: a fixed order turned off parts the
+    # meshes whose sum it orders, by a few units in the last place, and no other mesh. (Not
+    # the clip's: its norm is one number, whose bits a reorder changes on some meshes only.)
+    result = BREAKS.result()
+    assert result.returncode == 0, result.stderr[-3000:]
+    parted = {}
+    for block in result.stdout.split("\nbreak ")[1:]:
+        rows = re.findall(r"^(\S+)\s+(IDENTICAL|DIFFERENT)\s*(.*?)\s*(\d*)$", block, re.M)
+        assert len(rows) == 6, block
+        parted[block.split(":")[0]] = {mesh: int(ulps) for mesh, verdict, _, ulps in rows
+                                       if verdict == "DIFFERENT"}
+    # gloo's ring over 2 ranks is one addition per element: only dp=4 parts
+    assert set(parted["dp-ring"]) == {"dp=4"}
+    assert set(parted["chunks"]) == {"tp=2", "dp=2,tp=2", "pp=2,tp=2"}  # every tp mesh
+    assert all(0 < ulps < 1000 for found in parted.values() for ulps in found.values()), parted
+
+
+def test_the_picture_draws_one_tree_per_dp_and_the_measured_ratios(tmp_path):
+    from minddp.tools.tree_picture import RANK_COLORS, TOGETHER, draw_invariant, tree_nodes
+    from matplotlib.colors import to_rgb
+    rows = [{"mesh": "dp=2", "mode": "invariant", "ratio": 1.9},
+            {"mesh": "dp=2", "mode": "normal", "ratio": 1.0},
+            {"mesh": "tp=2", "mode": "invariant", "ratio": 6.03}]
+    drawn = draw_invariant(rows, tmp_path / "invariant.png", "test")
+    assert drawn["ratios"] == {"dp=2": 1.9, "tp=2": 6.03}  # the invariant rows, as measured
+    for ranks in (1, 2, 4):  # 15 nodes; a leaf's colour is the rank whose run holds it
+        colors = dict(drawn["tree"][ranks])
+        assert len(colors) == 15
+        for leaf in range(8):
+            assert colors[f"{ranks}|0|{leaf}"] == list(to_rgb(RANK_COLORS[leaf * ranks // 8]))
+        together = [g for g, c in colors.items() if c == list(to_rgb(TOGETHER))]
+        assert len(together) == ranks - 1  # the sums over ranks: a tree of ranks - 1 adds
+    assert tree_nodes(8, 4)[-1] == (3, 0, None) and tree_nodes(8, 1)[-1] == (3, 0, 0)

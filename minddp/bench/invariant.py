@@ -2,6 +2,7 @@
 
     minddp invariant-bench                           # 1, 2 and 4 gloo ranks, started here
     minddp invariant-bench --world-sizes 2 --rounds 10
+    minddp invariant-bench --png docs/invariant.png  # the picture (tools/tree_picture.py)
 
 A GPT (bench/transformer.py's gpt: vocabulary 512, width 64, 4 heads, 4 blocks, 32 tokens,
 untied) trained on each mesh of MESHES twice, on the same global batch of --batch sequences:
@@ -16,7 +17,7 @@ a step, and the activations one forward keeps for backward (the normal mode: the
 batch at once, or one microbatch under pp; the invariant mode: one shard, as it runs them).
 """
 
-from . import bench_parser
+from . import bench_parser, check_outputs
 
 MESHES = {1: ["dp=1"], 2: ["dp=2", "tp=2", "pp=2"], 4: ["dp=4", "dp=2,tp=2", "pp=2,tp=2"]}
 SIZES = dict(vocab=512, d=64, heads=4, blocks=4, tokens=32, tied=False)
@@ -25,6 +26,8 @@ SIZES = dict(vocab=512, d=64, heads=4, blocks=4, tokens=32, tied=False)
 def parse(argv=None):
     parser = bench_parser(__doc__, "minddp invariant-bench", [1, 2, 4])
     parser.set_defaults(batch=8, sizes=["gpt"], rounds=20, threads=1)
+    parser.add_argument("--png", metavar="PATH",
+                        help="draw the tree and the price per mesh (matplotlib)")
     args = parser.parse_args(argv)
     if args.threads != 1:
         parser.error("argument --threads: the invariant mode runs one intra-op thread")
@@ -32,7 +35,7 @@ def parse(argv=None):
         if world_size not in MESHES:
             parser.error(f"argument --world-sizes: meshes are listed for 1, 2 and 4 ranks,"
                          f" not {world_size}")
-    return args
+    return check_outputs(args, "png")
 
 
 if __name__ == "__main__":
@@ -158,6 +161,11 @@ def main(args):
         return  # a rank other than 0, under torchrun
     print(machine(args) + f" | {args.rounds} rounds, one step per mode each")
     print(tabulate(rows, headers=HEADERS, tablefmt=args.format, disable_numparse=True))
+    if args.png:
+        from ..tools.tree_picture import draw_invariant
+        draw_invariant([{"mesh": r[1], "mode": r[2], "ratio": float(r[-1].split("x")[0])}
+                        for r in rows], args.png, machine(args))
+        print(f"picture: {args.png}")
 
 
 if __name__ == "__main__":
