@@ -10,6 +10,7 @@ For anyone checking a lesson's claim ("bit for bit equal to stock") or looking i
     overlap.py        reading a timeline: the overlap share, a text picture of one step
     pictures.py       the timeline and memory pictures (PNG, matplotlib)
     bubble.py         the pipeline's bubble: each stage's forwards, backwards, waits (PNG)
+    tree_picture.py   the invariant mode's tree of shards on every dp, and its price (PNG)
     pipeline_slots.py `minddp pp-schedules`: every schedule's actions laid out in time
     whole_tensors.py  a sharded model's whole weights and gradients (FSDP), to save and compare
     course.py         `minddp lessons`: the reading order, each file's size and idea
