@@ -88,3 +88,10 @@ def test_a_shape_the_lessons_refuse_is_refused_in_their_words():
     assert "the tokens (6) do not split into 4" in refusal(case)
     case.tokens = 8
     assert refusal(case) is None
+
+
+def test_time_alone_draws_until_it_is_spent():
+    from minddp.fuzz.fuzz import parse
+    assert parse([]).cases == 16
+    assert parse(["--time", "120"]).cases > 10**6  # not stopped at the default 16 cases
+    assert parse(["--time", "120", "--cases", "3"]).cases == 3

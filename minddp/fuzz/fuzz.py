@@ -1,7 +1,7 @@
 """`minddp fuzz`: draw cases, run each on its mesh and in one process, report the first difference.
 
     minddp fuzz --ranks 4 --cases 16 --seed 0
-    minddp fuzz --ranks 2 --time 120              # cases until two minutes are spent
+    minddp fuzz --ranks 2 --time 120              # as many cases as two minutes allow
     minddp fuzz --case 1234 --ranks 4             # one case again, from its seed
 
 Case i of a run is drawn from seed (--seed x 100003 + i): one case's seed reproduces it alone.
@@ -27,7 +27,8 @@ def parse(argv=None):
     parser = ArgumentParser(prog="minddp fuzz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=4, choices=[2, 4, 8],
                         help="the largest mesh drawn (ranks started here, gloo)")
-    parser.add_argument("--cases", type=int, default=16, help="cases to draw")
+    parser.add_argument("--cases", type=int,
+                        help="cases to draw (default 16; with --time, as many as it allows)")
     parser.add_argument("--seed", type=int, default=0, help="the run's first case's seed")
     parser.add_argument("--case", type=int, metavar="SEED", help="this one case only")
     parser.add_argument("--time", type=float, metavar="S",
@@ -36,7 +37,10 @@ def parse(argv=None):
                         help="draw no more cases once one differs (or raises)")
     parser.add_argument("--batch-of", type=int, default=8, help=argparse.SUPPRESS)
     parser.add_argument("--plant", choices=planted.PLANTS, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.cases is None:
+        args.cases = 16 if args.time is None else 10**9
+    return args
 
 
 def seeds(args):
