@@ -224,7 +224,8 @@ def test_each_order_turned_off_parts_only_the_meshes_that_split_its_sum():
     assert result.returncode == 0, result.stderr[-3000:]
     parted = {}
     for block in result.stdout.split("\nbreak ")[1:]:
-        rows = re.findall(r"^(\S+)\s+(IDENTICAL|DIFFERENT)\s*(.*?)\s*(\d*)$", block, re.M)
+        rows = re.findall(r"^(\S+)[ \t]+(IDENTICAL|DIFFERENT)[ \t]*(.*?)[ \t]*(\d*)$", block,
+                          re.M)  # (not \s: a row's match must not run on into the next)
         assert len(rows) == 6, block
         parted[block.split(":")[0]] = {mesh: int(ulps) for mesh, verdict, _, ulps in rows
                                        if verdict == "DIFFERENT"}
