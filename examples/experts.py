@@ -4,6 +4,8 @@
     torchrun --nproc_per_node=2 examples/experts.py --ep reference --grad-table runs/ep-ref.txt
     minddp diff runs/ep.txt runs/ep-ref.txt              # IDENTICAL
     torchrun --nproc_per_node=4 examples/experts.py --dp 2 --top-k 2 --capacity-factor 1.25
+    torchrun --nproc_per_node=2 examples/experts.py --invariant --grad-table runs/inv2.txt
+    python examples/experts.py --invariant --grad-table runs/inv1.txt   # IDENTICAL to it
 
 nanoGPT's shape at CPU sizes with each block's MLP a layer of --experts experts
 (minddp.bench.transformer.moe_gpt; minddp/ep/experts.py), --top-k of them per token, trained
@@ -15,6 +17,8 @@ the ranks' sequences would. With --ep reference every rank computes that one pro
 (minddp/references/moe.py): every rank's sequences through every expert, no
 all_to_all, the replicated weights' parts averaged by the same all_reduce. Each rank prints
 its experts, its loss and how many of its tokens' pairs each expert took (the first block).
+With --invariant, --batch is the global batch, cut into --shards virtual shards run in one
+order on any (dp, ep) mesh (minddp/invariant/experts.py): one process's bits on every mesh.
 """
 
 import os
@@ -36,7 +40,11 @@ def parser():
                    help="each expert takes at most ceil(F x tokens x top-k / experts) of a"
                         " rank's pairs (default: dropless)")
     p.add_argument("--balance", type=float, default=0.01, help="the balancing loss's weight")
-    p.add_argument("--batch", type=int, default=2, help="sequences per step and rank")
+    p.add_argument("--batch", type=int, help="sequences per step and rank (default 2); with"
+                   " --invariant, of the whole step (default 8)")
+    p.add_argument("--invariant", action="store_true",
+                   help="one process's bits on any mesh (minddp/invariant/experts.py)")
+    p.add_argument("--shards", type=int, default=4, help="--invariant: virtual shards")
     p.add_argument("--steps", type=int, default=3, help="AdamW steps")
     return run_flags(p)  # --seed, --grad-table, --timeout, --backend, --device
 
@@ -60,7 +68,28 @@ def checked(args, world_size=None):
         raise UsageError(f"--capacity-factor {args.capacity_factor:g}: no expert could take"
                          f" a token", hint="1.0 to 2.0, or leave it out: dropless",
                          same_on_every_rank=True)
+    if args.batch is None:
+        args.batch = 8 if args.invariant else 2
+    if args.invariant:
+        check_invariant(args, world_size)
     return args
+
+
+def check_invariant(args, world_size):
+    """What --invariant asks: the ranks and shards in powers of two, the shards whole."""
+    from minddp.invariant.tree import is_power_of_two
+    from minddp.launch.usage_error import UsageError
+    if args.ep != "manual":
+        raise UsageError("--invariant with --ep reference: the invariant mode is its own"
+                         " reference (one process)", hint="drop --ep reference",
+                         same_on_every_rank=True)
+    if not (is_power_of_two(args.dp) and is_power_of_two(args.ep_size)
+            and is_power_of_two(args.shards)) or args.shards % world_size \
+            or args.batch % args.shards:
+        raise UsageError(f"--invariant with dp={args.dp}, ep={args.ep_size}, --shards"
+                         f" {args.shards}, --batch {args.batch}", hint="dp, ep and --shards"
+                         " powers of two; the ranks divide --shards, --shards divides --batch",
+                         same_on_every_rank=True)
 
 
 if __name__ == "__main__":
@@ -86,6 +115,23 @@ def batch(args, step, rank, device):
     return tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # each token predicts the next
 
 
+def invariant(env, args, mesh, model, grad_table):
+    """--invariant: the global batch in shards, one order (minddp/invariant/experts.py)."""
+    from minddp.invariant.experts import ExpertShardTraining
+    training = ExpertShardTraining(model, mesh, shards=args.shards, balance=args.balance)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    for step in range(args.steps):
+        optimizer.zero_grad()
+        g = torch.Generator().manual_seed(1000 * args.seed + 100 * step)  # the whole batch
+        tokens = torch.randint(0, SIZES["vocab"], (args.batch, SIZES["tokens"] + 1),
+                               generator=g).to(env.device)
+        loss = training.step(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+        grad_table.record()
+        optimizer.step()
+        print0(f"step {step + 1}/{args.steps} | loss {loss.item():.6f} (every rank's)")
+    grad_table.save()
+
+
 def all_reduced(part):
     dist.all_reduce(part)
     return part
@@ -97,6 +143,8 @@ def main(env, args):
     model = moe_gpt(**SIZES, experts=args.experts, top_k=args.top_k,
                     capacity_factor=args.capacity_factor).to(env.device)
     grad_table = GradTable(model, args.grad_table)  # made first: it names every expert
+    if args.invariant:
+        return invariant(env, args, mesh, model, grad_table)
     one_process = None
     if args.ep == "manual":
         expert_parallel(model, mesh)  # this rank keeps experts/ep of each layer
@@ -137,6 +185,7 @@ if __name__ == "__main__":
     with exit_on_failure(), exit_on_usage_error():  # one line and a hint, exit 1 or 2
         env = ddp_setup(args.backend, args.device, args.timeout)
         print0(f"PyTorch {torch.__version__} | {env} | dp={args.dp}, ep={args.ep_size},"
-               f" {args.experts} experts, top-{args.top_k} | --ep {args.ep}")
+               f" {args.experts} experts, top-{args.top_k} | --ep {args.ep}"
+               + (f" --invariant, {args.shards} shards" if args.invariant else ""))
         main(env, args)
         ddp_teardown()

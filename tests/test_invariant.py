@@ -9,7 +9,10 @@ with HSDP's (replicas x shards) in place of dp on five of them,
 sequence parallel, --clip, dropout, recomputation and a vocabulary that the chunks do not
 divide on in turn. Every step's loss, every whole gradient, and
 after the last step every whole weight and AdamW state must be torch.equal to the run in
-one process. Unit checks of the tree, the chunks and the refusals run in this process.
+one process. The same for expert parallelism in shard order (invariant/experts.py): moe_gpt
+on (dp, ep) meshes of 2 and 4 ranks, dropless and with a capacity, and a control whose
+experts run every source's rows at once. Unit checks of the tree, the chunks and the
+refusals run in this process.
 """
 
 import copy
@@ -251,3 +254,106 @@ def test_the_picture_draws_one_tree_per_dp_and_the_measured_ratios(tmp_path):
         together = [g for g, c in colors.items() if c == list(to_rgb(TOGETHER))]
         assert len(together) == ranks - 1  # the sums over ranks: a tree of ranks - 1 adds
     assert tree_nodes(8, 4)[-1] == (3, 0, None) and tree_nodes(8, 1)[-1] == (3, 0, 0)
+
+
+# Expert parallelism (minddp/invariant/experts.py): moe_gpt on (dp, ep) meshes in shard order.
+EXPERT_MESHES = {1: [(1, 1)], 2: [(1, 2), (2, 1)], 4: [(1, 4), (2, 2)]}
+# name: (top_k, capacity factor)
+EXPERT_CONFIGS = {"top-1 dropless": (1, None), "top-2, capacity 1.25": (2, 1.25)}
+
+
+def _train_experts(dp, ep, config, together=False):
+    """3 AdamW steps: (losses, [{name: gradient}], {name: weight}) of the weights held here."""
+    from minddp.bench.transformer import moe_gpt
+    from minddp.invariant import experts
+    top_k, capacity = EXPERT_CONFIGS[config]
+    torch.manual_seed(0)
+    model = moe_gpt(**SIZES, blocks=2, experts=4, top_k=top_k, capacity_factor=capacity)
+    mesh = init_device_mesh("cpu", (dp, ep), mesh_dim_names=("dp", "ep"))
+    if together:  # the normal mode's order: an expert runs every source's rows at once
+        experts.ShardExperts, kept = _Together, experts.ShardExperts
+    try:
+        training = experts.ExpertShardTraining(model, mesh, shards=4)
+    finally:
+        if together:
+            experts.ShardExperts = kept
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    losses, grads = [], []
+    for step in range(3):
+        g = torch.Generator().manual_seed(200 + step)
+        tokens = torch.randint(0, SIZES["vocab"], (8, SIZES["tokens"] + 1), generator=g)
+        optimizer.zero_grad()
+        losses.append(training.step(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        optimizer.step()
+    return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _together_class():
+    from minddp.invariant.experts import ShardExperts
+
+    class Together(ShardExperts):
+        def forward(self, routed, counts):
+            rows = torch.empty_like(counts)
+            dist.all_to_all_single(rows, counts, group=self.group)
+            rows = rows.view(self.size, self.per_rank)
+            send = counts.view(self.size, self.per_rank).sum(1).tolist()
+            arrived = _all_to_all(routed, send, rows.sum(1).tolist(), self.group)
+            expert_of = torch.arange(self.per_rank).repeat(self.size).repeat_interleave(
+                rows.flatten())
+            order = torch.argsort(expert_of, stable=True)
+            runs = arrived[order].split(rows.sum(0).tolist())
+            out = torch.cat([self._run(mlp, run.clone(), self.step)
+                             for mlp, run in zip(self.mlps.values(), runs)])
+            return _all_to_all(out[torch.argsort(order)], rows.sum(1).tolist(), send,
+                               self.group)
+    return Together
+
+
+def _all_to_all(*args):
+    from minddp.ep.parallel import all_to_all
+    return all_to_all(*args)
+
+
+_Together = None
+
+
+def _experts(rank, world_size):
+    global _Together
+    _Together = _together_class()
+    found = {(mesh, config): _train_experts(*mesh, config)
+             for mesh in EXPERT_MESHES[world_size] for config in EXPERT_CONFIGS}
+    if world_size == 2:
+        found["together"] = _train_experts(1, 2, "top-1 dropless", together=True)
+    return found
+
+
+share_spawn(_experts, [1, 2, 4])
+
+
+@pytest.mark.parametrize("mesh, config", [(m, c) for w in (2, 4) for m in EXPERT_MESHES[w]
+                                          for c in EXPERT_CONFIGS],
+                         ids=[f"dp{m[0]}-ep{m[1]}-{c}" for w in (2, 4)
+                              for m in EXPERT_MESHES[w] for c in EXPERT_CONFIGS])
+def test_experts_in_shard_order_give_one_process_bits_on_every_mesh(mesh, config):
+    (losses_1, grads_1, weights_1), = [r[(1, 1), config] for r in shared_results(_experts, 1)]
+    for rank, results in enumerate(shared_results(_experts, mesh[0] * mesh[1])):
+        losses, grads, weights = results[mesh, config]
+        assert all(torch.equal(a, b) for a, b in zip(losses, losses_1)), rank
+        for step, (g, g_1) in enumerate(zip(grads, grads_1)):
+            differ = [n for n in g if not torch.equal(g[n], g_1[n])]
+            assert not differ, (rank, step, differ[:5])
+        assert not [n for n in weights if not torch.equal(weights[n], weights_1[n])], rank
+        experts_here = [n for n in weights if ".experts." in n]
+        assert len(experts_here) == 2 * 4 * 4 // mesh[1]  # blocks x weights x its experts
+
+
+def test_an_expert_running_every_source_at_once_parts_from_one_process():
+    # The control: the same step with each expert's rows from both ep ranks in one matmul,
+    # as ep/parallel.py runs them, parts from one process at step 0 (the experts' gradients,
+    # and through their outputs' bits the weights before them).
+    _, grads_1, _ = shared_results(_experts, 1)[0][(1, 1), "top-1 dropless"]
+    for rank, results in enumerate(shared_results(_experts, 2)):
+        _, grads, _ = results["together"]
+        differ = [n for n in grads[0] if not torch.equal(grads[0][n], grads_1[0][n])]
+        assert any(".experts." in n for n in differ), (rank, differ)

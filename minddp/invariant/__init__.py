@@ -19,7 +19,9 @@ Read in this order:
     tokens.py  the sums over tokens (LayerNorms, a row split's bias); sequence parallel
     vocab.py   the vocabulary in chunks: the embedding, the loss's softmax, its gradient
     clip.py    the clip's norm from whole gradients, in the model's order
+    experts.py expert parallelism: an expert's gradient a shard at a time, any ep
     plan.py    what the mode asks of a mesh, refused in one line before any group
-The example: examples/gpt_nd.py --invariant (examples/break_invariant.py turns one order
-off). The docs page: docs/invariant.md, with the price of each order, measured.
+The examples: examples/gpt_nd.py --invariant (examples/break_invariant.py turns one order
+off), examples/experts.py --invariant. The docs page: docs/invariant.md, with the price of
+each order, measured.
 """

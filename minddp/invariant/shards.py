@@ -30,7 +30,8 @@ from .tree import Folder, tree_sum
 class ShardGradients:
     """Each weight's gradient, shard by shard, folded; reduce() sums over dp. Collective."""
 
-    def __init__(self, stage, dp_group, shards):
+    def __init__(self, stage, dp_group, shards, skip=()):
+        """skip: weights whose shards' gradients are taken elsewhere (experts.py's)."""
         self.dp_group, self.shards = dp_group, shards
         self.folders = {}  # the tensor autograd writes -> its Folder
         self.targets = {}  # the same tensor -> (its name, the unit, its fully_shard Param)
@@ -43,7 +44,7 @@ class ShardGradients:
                 self._hook(p.full, (f"{prefix}.{p.name}".lstrip("."), unit, p))
         hooked = {id(target[2].shard) for target in self.targets.values()}
         for name, p in stage.named_parameters():
-            if id(p) not in hooked and p.requires_grad:
+            if id(p) not in hooked and p.requires_grad and p not in skip:
                 self._hook(p, (names[id(p)], None, None))
 
     def _hook(self, tensor, target):

@@ -41,11 +41,12 @@ PARTS = [  # (the chapter's folder, or a heading; its files in the order to read
             "examples/context.py"]),
     ("ep", ["experts.py", "parallel.py", "examples/experts.py"]),
     ("invariant", ["step.py", "tree.py", "shards.py", "chunks.py", "tokens.py", "vocab.py",
-                   "clip.py", "plan.py"]),
+                   "clip.py", "experts.py", "plan.py"]),
     ("Features and failures, each a small diff of manual_ddp.py", [
         "examples/accumulate.py", "examples/restart.py", "examples/uneven.py",
         "examples/break_ddp.py", "examples/break_fsdp.py", "examples/break_tp.py",
-        "examples/break_pp.py", "examples/break_context.py", "examples/break_experts.py"]),
+        "examples/break_pp.py", "examples/break_context.py", "examples/break_experts.py",
+        "examples/break_invariant.py"]),
 ]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
