@@ -244,7 +244,7 @@ def _resolves(crawl, url):
 
 def _status(url):
     try:
-        with urllib.request.urlopen(url, timeout=30) as answer:
+        with urllib.request.urlopen(url, timeout=LIMIT_S) as answer:  # a hang's bound only
             return answer.status
     except urllib.error.HTTPError as err:
         return err.code

@@ -102,10 +102,12 @@ def chromium(executable="/usr/bin/chromium", limit=600, profile=None):
     watchdog.daemon = True
     watchdog.start()
     try:
-        port = _devtools_port(profile, process)
+        port = _devtools_port(profile, process, limit)
         with sync_playwright() as playwright:
+            # No timeout of its own (0): on a machine busy enough, the handshake alone took
+            # over a minute; the watchdog's `limit` is the one bound, against a hang.
             browser = playwright.chromium.connect_over_cdp(f"http://127.0.0.1:{port}",
-                                                           timeout=60_000)
+                                                           timeout=0)
             try:
                 yield browser
             finally:
@@ -149,7 +151,7 @@ def open_page(browser, url, errors):
     context = browser.contexts[0] if browser.contexts else browser.new_context()
     page = context.new_page()
     page.set_viewport_size(WINDOW)
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(0)  # none: chromium's watchdog (`limit`) bounds a hang
     page.on("console", lambda m: m.type == "error" and errors.append(f"console: {m.text}"))
     page.on("pageerror", lambda e: errors.append(f"script: {e}"))
     page.on("requestfailed", lambda r: _failed(r, errors))
