@@ -94,17 +94,26 @@ UNEVEN = ahead_torchrun(2, REPO / "examples" / "uneven.py", "--timeout", "5")
 
 
 def test_the_uneven_example_without_join_ends_with_the_cause_and_with_join_trains():
-    # Rank r has 3 + r batches. Without join(): no 30-minute hang, but one line per rank
-    # within the --timeout, naming the cause and the fix.
+    # Rank r has 3 + r batches. Without join(): no 30-minute hang, but a line within the
+    # --timeout, naming the cause and the fix.
     hung = UNEVEN.result()
     assert hung.returncode != 0
-    # (The rank whose timeout runs out second may hear its peer leave first: "a peer gave up".)
+    # Both ranks time out at about the same moment. The rank whose timeout runs out second
+    # may hear its peer leave first ("a peer gave up"), or, on a busy machine, be stopped by
+    # torchrun (SIGTERM) before it speaks: torchrun ends the other worker as soon as one has
+    # failed. So each rank that speaks names the cause and the fix, and at least one does.
+    spoke = 0
     for rank, steps, batches in ((0, 3, 3), (1, 3, 4)):
         said = (rf"\[rank{rank}\] error: a collective did not complete: (timed out|a peer gave"
                 rf" up) after this rank's {steps} steps \({batches} batches here\): the ranks"
                 rf" took different numbers of steps")
-        assert re.search(said, hung.stderr), hung.stderr[-2000:]
-    assert hung.stderr.count("or train inside `with model.join():` (--join)") == 2
+        if f"[rank{rank}] error:" in hung.stderr:
+            assert re.search(said, hung.stderr), hung.stderr[-2000:]
+            spoke += 1
+    assert spoke >= 1, hung.stderr[-2000:]
+    assert hung.stderr.count("or train inside `with model.join():` (--join)") == spoke
+    assert set(re.findall(r"exitcode\s*: (-?\d+)", hung.stderr)) <= {"1", "-15"}, \
+        hung.stderr[-2000:]
     joined = warm_torchrun(2, REPO / "examples" / "uneven.py", "--join")
     assert joined.returncode == 0, joined.stderr[-2000:]
     assert "steps per rank: rank 0: 3, rank 1: 4" in joined.stdout
