@@ -435,7 +435,8 @@ def _resized(tmp):
             for name in names:
                 assert agents[name][0].poll() is None, f"agent {name} ended:\n{log(name)[-3000:]}"
             assert time.monotonic() < deadline and not stopped(), \
-                f"still waiting for {pattern!r} (a hang?), or the session ended"
+                f"still waiting for {pattern!r} (a hang?), or the session ended\n" + \
+                "\n".join(f"--- agent {n}:\n{log(n)[-2000:]}" for n in agents)
             time.sleep(0.1)
 
     def wait_for_checkpoint(step):
