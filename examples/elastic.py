@@ -4,7 +4,7 @@
     # the rendezvous: stop the other); TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 with torch 2.13
     torchrun --nnodes=1:2 --nproc_per_node=2 --rdzv-backend=c10d \\
         --rdzv-endpoint=127.0.0.1:29400 --rdzv-id=job1 --max-restarts=3 \\
-        --rdzv-conf=last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3 \\
+        --rdzv-conf=last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=30 \\
         examples/elastic.py --checkpoint-dir runs/elastic --grad-table runs/elastic.txt \\
         --step-delay 1
     # Ctrl-C in the second: the first's workers fail, restart at world size 2 and resume from

@@ -198,9 +198,13 @@ def _everything(rank, world_size, folder):
 
 EXAMPLE_FLAGS = ["--reduce", "ordered"]  # its defaults: 4 epochs of 3 steps of 12 samples
 STEPS_IN_EXAMPLE = 12
-# A node silent for 5 heartbeats of 1 s is dead (torch's default: 3 of 5 s); 5, not 3, so that
-# a busy machine's slow heartbeat never declares the surviving node dead.
-RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=5"
+# A node silent for 30 heartbeats of 1 s is dead (torch's default: 3 of 5 s). Under load an
+# agent falls silent for seconds; past the window, another agent drops it from its running
+# round and forms a job of its own: the job parts in two (docs/elastic.md). Seen with 5 s at
+# load average 29 on 2 cores; _resized stops node a's agent while b arrives to prove it.
+RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=30"
+SILENCE_S = 7  # how long node a's agent stays stopped once b's agent is in the rendezvous
+SILENCE_MAX_S = 14  # ... at most, from its stop: well inside the window, even on a slow start
 
 
 def _example_unresized(rank, folder):
@@ -411,8 +415,9 @@ def _resized(tmp):
                 "--grad-table", os.path.join(folder, "elastic.txt")]
     # torch 2.13's agents share one TCP store across rendezvous rounds; a node that joins a
     # later round then waits forever for its address (docs/elastic.md).
+    # LOGLEVEL=INFO: each agent logs its rendezvous (read by silent(), shown on a failure).
     env = dict(launch_environ(), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               CUDA_VISIBLE_DEVICES="", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+               CUDA_VISIBLE_DEVICES="", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", LOGLEVEL="INFO")
     agents, deadline = {}, time.monotonic() + HANG_S
 
     def start(name):
@@ -427,16 +432,21 @@ def _resized(tmp):
                                          stdin=subprocess.DEVNULL), tag, log)
 
     def log(name):
+        if name not in agents:
+            return ""
         with open(os.path.join(folder, f"{name}.log")) as f:
             return f.read()
 
     def wait_for(names, pattern):
         while not any(re.search(pattern, log(name)) for name in names):
+            assert not re.search(r"\[rank0\] world size 1", log("b")), \
+                "node b formed a job of its own beside a's (the job parted in two):\n" + \
+                "\n".join(f"--- agent {n}:\n{log(n)[-4000:]}" for n in agents)
             for name in names:
                 assert agents[name][0].poll() is None, f"agent {name} ended:\n{log(name)[-3000:]}"
             assert time.monotonic() < deadline and not stopped(), \
                 f"still waiting for {pattern!r} (a hang?), or the session ended\n" + \
-                "\n".join(f"--- agent {n}:\n{log(n)[-2000:]}" for n in agents)
+                "\n".join(f"--- agent {n}:\n{log(n)[-4000:]}" for n in agents)
             time.sleep(0.1)
 
     def wait_for_checkpoint(step):
@@ -444,6 +454,20 @@ def _resized(tmp):
             assert agents["a"][0].poll() is None and time.monotonic() < deadline \
                 and not stopped(), log("a")
             time.sleep(0.1)
+
+    def silent(agent, then):
+        """Stop the agent (SIGSTOP: its heartbeats stop, as on a starved machine), run then(),
+        and let it go on once b's agent has spent SILENCE_S in the rendezvous."""
+        stop = time.monotonic()
+        os.kill(agent.pid, signal.SIGSTOP)
+        try:
+            then()
+            end = stop + SILENCE_MAX_S
+            while time.monotonic() < end and "Rendezvous'ing worker group" not in log("b"):
+                time.sleep(0.1)
+            time.sleep(max(0.0, min(end, time.monotonic() + SILENCE_S) - time.monotonic()))
+        finally:
+            os.kill(agent.pid, signal.SIGCONT)
 
     def allow(step):
         with open(hold + ".partial", "w") as f:
@@ -455,7 +479,8 @@ def _resized(tmp):
         start("a")  # alone: once the rendezvous has waited 1 s for more, world size 1
         wait_for(["a"], r"\[rank0\] step 001 \| world size 1")
         wait_for_checkpoint(1)
-        start("b")  # a's agent sees a node waiting and restarts its worker at world size 2
+        silent(agents["a"][0], lambda: start("b"))  # b finds a's heartbeat seconds old
+        # a's agent sees a node waiting and restarts its worker at world size 2
         wait_for(["a", "b"], r"\[rank1\] world size 2: takes samples 6..11")
         allow(2)
         wait_for_checkpoint(2)  # step 2, at world size 2, saved whole
