@@ -6,7 +6,8 @@
 Used by tests/test_site.py too, so the screenshots in docs/ are what the test looked at.
 Chromium is Debian's (apt-get install chromium), started here with the flags a closed
 machine needs and a fresh profile, driven by Playwright over the DevTools protocol; its
-whole process group is killed at the end, or at `limit` seconds if anything hangs.
+whole process group is killed at the end, or once `limit` seconds pass without
+progress (a hang).
 """
 
 import contextlib
@@ -81,11 +82,35 @@ def serve_forever(server, folder, port):
         server.server_close()
 
 
+class _Watchdog:
+    """Calls `fire` once `limit` seconds pass without pet(): no progress, a hang. A bound on
+    progress, not on the whole: a crawl that goes on, however slowly, is not a hang."""
+
+    def __init__(self, limit, fire, first):
+        self.limit, self._fire, self._last = first, fire, time.monotonic()  # then `limit`
+        self._then, self.fired, self._done = limit, threading.Event(), threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def pet(self, *_):
+        self._last, self.limit = time.monotonic(), self._then
+
+    def _watch(self):
+        while not self._done.wait(0.5):
+            if time.monotonic() - self._last > self.limit:
+                self.fired.set()
+                self._fire()
+                return
+
+    def cancel(self):
+        self._done.set()
+
+
 @contextlib.contextmanager
-def chromium(executable="/usr/bin/chromium", limit=600, profile=None):
+def chromium(executable="/usr/bin/chromium", limit=600, profile=None, start_limit=600):
     """Headless Chromium, a fresh profile (an empty folder `profile`, or a new one):
-    yields Playwright's Browser. Every process it started is killed on the way out, or at
-    `limit` seconds (a hang)."""
+    yields Playwright's Browser. Every process it started is killed on the way out, or as a
+    hang: its start past `start_limit` seconds (a loaded machine's took over a minute), or
+    `limit` seconds without progress (a response to any page)."""
     from playwright.sync_api import sync_playwright
     made = profile is None
     profile = tempfile.mkdtemp(prefix="minddp-chromium-") if made else str(profile)
@@ -93,29 +118,28 @@ def chromium(executable="/usr/bin/chromium", limit=600, profile=None):
         [executable, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
          "about:blank"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True)
-    fired = threading.Event()
-
-    def hang():
-        fired.set()
-        _kill(process)
-    watchdog = threading.Timer(limit, hang)
-    watchdog.daemon = True
-    watchdog.start()
+    watchdog = _Watchdog(limit, lambda: _kill(process), first=start_limit)
     try:
-        port = _devtools_port(profile, process, limit)
+        port = _devtools_port(profile, process, start_limit)
         with sync_playwright() as playwright:
             # No timeout of its own (0): on a machine busy enough, the handshake alone took
-            # over a minute; the watchdog's `limit` is the one bound, against a hang.
+            # over a minute; the watchdog is the one bound, against a hang.
             browser = playwright.chromium.connect_over_cdp(f"http://127.0.0.1:{port}",
                                                            timeout=0)
+            watchdog.pet()
+            # Progress: each response any page receives (a page loaded, a search's index).
+            # A loaded machine made the crawl take over 600 s, never stopping long.
+            for context in browser.contexts:
+                context.on("page", lambda page: page.on("response", watchdog.pet))
             try:
                 yield browser
             finally:
                 with contextlib.suppress(Exception):
                     browser.close()
     except Exception as err:
-        if fired.is_set():
-            raise TimeoutError(f"chromium killed at its hard limit, {limit} s: a hang") from err
+        if watchdog.fired.is_set():
+            raise TimeoutError(f"chromium killed after {watchdog.limit} s without progress"
+                               " (its start, or no page received a response): a hang") from err
         raise
     finally:
         watchdog.cancel()
