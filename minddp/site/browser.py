@@ -128,7 +128,7 @@ def chromium(executable="/usr/bin/chromium", limit=600, profile=None, start_limi
                                                            timeout=0)
             watchdog.pet()
             # Progress: each response any page receives (a page loaded, a search's index).
-            # A loaded machine made the crawl take over 600 s, never stopping long.
+            # A busy machine slows a crawl down without stopping it: no bound on the whole.
             for context in browser.contexts:
                 context.on("page", lambda page: page.on("response", watchdog.pet))
             try:
