@@ -489,7 +489,8 @@ def _resized(tmp):
         proc = agents["a"][0]
         while proc.poll() is None:
             assert time.monotonic() < deadline and not stopped(), \
-                "agent a still running (a hang?), or the session ended"
+                "agent a still running (a hang?), or the session ended\n" + \
+                "\n".join(f"--- agent {n}:\n{log(n)[-4000:]}" for n in agents)
             time.sleep(0.1)
     finally:
         for proc, tag, out in agents.values():
