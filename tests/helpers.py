@@ -390,6 +390,28 @@ def stopped():
     return getattr(AHEAD, "stop", threading.Event()).is_set()
 
 
+class Silence:
+    """A bound on a run's silence, not on its whole: expired() once none of `paths` has grown
+    for `limit` s, or after `whole` s in all. A busy machine slows a run that keeps writing
+    (test_elastic's two agents: 59 s quiet, 389 s beside the suite and two busy loops at load
+    32); a hung one writes nothing."""
+
+    def __init__(self, paths, limit=HANG_S, whole=3 * HANG_S):
+        self.paths, self.limit = paths, limit
+        self.start = self.since = time.monotonic()
+        self.whole, self.size = whole, None
+
+    def expired(self):
+        now = time.monotonic()
+        size = sum(os.path.getsize(p) for p in self.paths if os.path.exists(p))
+        if size != self.size:
+            self.size, self.since = size, now
+        return now - self.since > self.limit or now - self.start > self.whole
+
+    def __str__(self):
+        return f"nothing written for {self.limit} s, or {self.whole} s in all"
+
+
 def run(cmd, timeout=HANG_S, env=None, gpu=False, until=()):
     """Run a command under a hard bound; at the bound kill all it started and raise Hang.
 

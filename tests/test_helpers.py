@@ -166,3 +166,27 @@ def test_the_next_test_has_the_sessions_ctrl_c_back():
     # (conftest: a Ctrl-C then ends the session with its cleanup, not at once with exit 130)
     from minddp.run.errors import interrupted
     assert signal.getsignal(signal.SIGINT) is not interrupted
+
+
+def test_a_run_that_keeps_writing_outlives_the_silence_bound_and_one_that_stops_does_not(tmp_path):
+    """helpers.Silence bounds the silence, not the whole run: a slow run that writes a line each
+    0.1 s goes on past 4 bounds of 0.5 s; once it writes nothing, it is hung after one."""
+    log, other = tmp_path / "a.log", tmp_path / "b.log"  # b: not yet started, no file
+    log.write_text("")
+    silence = helpers.Silence([str(log), str(other)], limit=0.5, whole=60)
+    start = time.monotonic()
+    while time.monotonic() - start < 2.0:  # 4 bounds of writing: never expired
+        with open(log, "a") as f:
+            f.write("a line\n")
+        assert not silence.expired(), f"expired {time.monotonic() - start:.2f} s in, mid-output"
+        stopped_at = time.monotonic()  # (the last line seen)
+        time.sleep(0.1)
+    while not silence.expired():
+        assert time.monotonic() - stopped_at < 5, "a silent run never expired"
+        time.sleep(0.05)
+    assert time.monotonic() - stopped_at > 0.5
+    whole = helpers.Silence([str(log)], limit=60, whole=0.3)  # the whole: a backstop
+    while not whole.expired():
+        log.write_text(log.read_text() + "more\n")
+        assert time.monotonic() - stopped_at < 10, "the whole bound never expired"
+        time.sleep(0.05)
