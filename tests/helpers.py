@@ -391,29 +391,31 @@ def stopped():
 
 
 class Silence:
-    """A bound on a run's silence, not on its whole: expired() once none of `paths` has grown
-    for `limit` s, or after `whole` s in all. A busy machine slows a run that keeps writing
-    (test_elastic's two agents: 59 s quiet, 389 s beside the suite and two busy loops at load
-    32); a hung one writes nothing."""
+    """A bound on a run's silence, not on its whole: expired() once none of `files` (paths, or
+    open files) has grown for `limit` s, or after `whole` s in all. A busy machine slows a run
+    that keeps writing (test_elastic's two agents: 59 s quiet, 389 s beside the suite and two
+    busy loops at load 32); a hung one writes nothing."""
 
-    def __init__(self, paths, limit=HANG_S, whole=3 * HANG_S):
-        self.paths, self.limit = paths, limit
+    def __init__(self, files, limit=HANG_S, whole=None):
+        self.files, self.limit = files, limit
         self.start = self.since = time.monotonic()
-        self.whole, self.size = whole, None
+        self.whole, self.size = 3 * limit if whole is None else whole, None
 
     def expired(self):
         now = time.monotonic()
-        size = sum(os.path.getsize(p) for p in self.paths if os.path.exists(p))
+        size = sum(os.fstat(f.fileno()).st_size if hasattr(f, "fileno") else
+                   os.path.getsize(f) if os.path.exists(f) else 0 for f in self.files)
         if size != self.size:
             self.size, self.since = size, now
         return now - self.since > self.limit or now - self.start > self.whole
 
     def __str__(self):
-        return f"nothing written for {self.limit} s, or {self.whole} s in all"
+        return f"{self.limit}s without output or {self.whole}s in all"
 
 
 def run(cmd, timeout=HANG_S, env=None, gpu=False, until=()):
-    """Run a command under a hard bound; at the bound kill all it started and raise Hang.
+    """Run a command under a hard bound on its silence (Silence: `timeout` s without a byte
+    of output, or 3 x `timeout` in all); at the bound kill all it started and raise Hang.
 
     until: lines of output to wait for; once all are printed, everything the run started is
     killed and the result returned with .killed True (how a test watches a run that would
@@ -429,13 +431,13 @@ def run(cmd, timeout=HANG_S, env=None, gpu=False, until=()):
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, text=True, start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-        deadline, timed_out, killed = time.monotonic() + timeout, False, False
+        silence, timed_out, killed = Silence([out, err], timeout), False, False
         try:
             while proc.poll() is None:
                 if until and all(line in _read(out) for line in until):
                     killed = True  # every awaited line is out: the event, not a deadline
                     break
-                if time.monotonic() > deadline or stopped():
+                if silence.expired() or stopped():
                     timed_out = True
                     break
                 time.sleep(0.1)
@@ -444,7 +446,7 @@ def run(cmd, timeout=HANG_S, env=None, gpu=False, until=()):
             proc.wait()
         stdout, stderr = _read(out), _read(err)
     if timed_out:
-        why = "the session ended" if stopped() else f"{timeout}s (a hang?)"
+        why = "the session ended" if stopped() else f"{silence} (a hang?)"
         raise Hang(f"{' '.join(map(str, cmd))} still running after {why}; killed"
                    f"\n{stdout[-2000:]}\n{stderr[-2000:]}", tag, stdout, stderr)
     result = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
@@ -558,13 +560,13 @@ def warm_torchrun(nproc, script, *args, timeout=HANG_S):
                  for r in range(nproc)]
         for p in procs:
             p.start()
-        deadline = time.monotonic() + timeout
+        silence, timed_out = Silence([out, err], timeout), False
         try:
-            while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+            while any(p.is_alive() for p in procs) and not timed_out:
                 if any(p.exitcode not in (None, 0) for p in procs):
                     break  # one worker failed: torchrun stops the others
+                timed_out = silence.expired()
                 time.sleep(0.02)
-            timed_out = any(p.is_alive() for p in procs) and time.monotonic() >= deadline
         finally:
             for p in procs:
                 if p.is_alive():
@@ -573,7 +575,7 @@ def warm_torchrun(nproc, script, *args, timeout=HANG_S):
         stdout, stderr = out.read_text(), err.read_text()
     cmd = ["torchrun", f"--nproc_per_node={nproc}", str(script), *map(str, args)]
     if timed_out:
-        raise Hang(f"{' '.join(cmd)} (warm) still running after {timeout}s (a hang?); killed\n"
+        raise Hang(f"{' '.join(cmd)} (warm) still running after {silence} (a hang?); killed\n"
                    f"{stdout[-2000:]}\n{stderr[-2000:]}", None, stdout, stderr)
     code = next((p.exitcode for p in procs if p.exitcode != 0), 0)
     return subprocess.CompletedProcess(cmd, 1 if code < 0 else code, stdout, stderr)

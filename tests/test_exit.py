@@ -139,8 +139,16 @@ def test_a_hang_past_the_bound_is_killed_and_reported():
     with pytest.raises(Hang) as info:  # nothing awaited: the bound ends it, whatever it printed
         run([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(600)"],
             timeout=5)
-    assert "still running after 5s (a hang?)" in str(info.value)
+    assert "still running after 5s without output or 15s in all (a hang?)" in str(info.value)
     assert "started" in info.value.stdout and tagged_pids(info.value.tag) == []
+
+
+def test_a_slow_run_that_keeps_printing_is_not_taken_for_a_hang():
+    # The bound is on silence: a busy machine slows a run's lines (test_elastic's two agents:
+    # 59 s quiet, 389 s at load 32), a hang prints none. 4 s of lines, a 2 s bound: it ends.
+    result = run([sys.executable, "-c", "import time\nfor i in range(20):\n"
+                  "    print(i, flush=True); time.sleep(0.2)\nprint('done')"], timeout=2)
+    assert result.returncode == 0 and result.stdout.split()[-1] == "done", result.stdout
 
 
 BAD_FLAGS = [

@@ -4,6 +4,7 @@
 """
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -14,8 +15,8 @@ import pytest
 import torch
 
 from ahead import ahead, ahead_run
-from helpers import (HANG_S, REPO, TAG, cli, free_port, kill_tagged, launch_environ, run_ranks,
-                     share_spawn, shared_results, stopped, torchrun)
+from helpers import (HANG_S, REPO, TAG, Silence, cli, free_port, kill_tagged, launch_environ,
+                     run_ranks, share_spawn, shared_results, stopped, torchrun)
 from minddp import (GradTable, ManualDDP, NaiveDDP, NeuralNetwork, UsageError, load_checkpoint,
                     save_checkpoint)
 import minddp.run.checkpoint
@@ -123,7 +124,9 @@ def test_damaged_checkpoint_is_one_clear_error(tmp_path):
 
 
 def _two_agents(rendezvous, table, timeout=HANG_S):
-    """Two torchrun agents on this machine, one process each: a 2-node job in miniature."""
+    """Two torchrun agents on this machine, one process each: a 2-node job in miniature.
+    Bounded on silence (helpers.Silence); one agent failed ends both at once, since the other
+    would wait for it until the rendezvous' own timeout (15 min)."""
     tag, procs, outputs = uuid.uuid4().hex, [], []
     env = dict(launch_environ(), OMP_NUM_THREADS="1", **{TAG: tag})  # their workers carry it too
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,12 +137,16 @@ def _two_agents(rendezvous, table, timeout=HANG_S):
             files = [open(os.path.join(tmp, f"{node_rank}.{s}"), "w+") for s in ("out", "err")]
             procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=files[0],
                                            stderr=files[1], start_new_session=True), files))
-        deadline = time.monotonic() + timeout
+        silence = Silence([f for _, files in procs for f in files], timeout)
         try:
             while any(p.poll() is None for p, _ in procs):
-                if time.monotonic() > deadline or stopped():
-                    raise AssertionError(f"two-agent run still going after {timeout}s (a"
-                                         " hang?), or at the session's end")
+                if any(p.poll() not in (None, 0) for p, _ in procs):
+                    break  # the other waits for it: the outputs say why
+                if silence.expired() or stopped():
+                    raise AssertionError(f"two-agent run still going after {silence} (a hang?),"
+                                         " or at the session's end\n" + "\n".join(
+                                             f"--- node {n} {s}:\n{_tail(f)}" for n, (_, files)
+                                             in enumerate(procs) for s, f in zip("oe", files)))
                 time.sleep(0.1)
         finally:
             kill_tagged(tag)  # agents and workers (each in a session of its own), orphans too
@@ -152,13 +159,27 @@ def _two_agents(rendezvous, table, timeout=HANG_S):
     return outputs
 
 
+def _tail(file):
+    file.seek(0)
+    return file.read()[-3000:]
+
+
 @pytest.fixture(scope="module")
 def one_agent_table(launch):
     return launch(MANUAL, 2)[1]  # the same run test_examples.py compares with stock's
 
 
-def _agents(tmp, how):
-    port = free_port()
+def _agents(tmp, how, ports=None):
+    for port in ports or (free_port() for _ in range(3)):
+        outputs = _agents_at(port, tmp, how)
+        # free_port() lets the port go before node 0's store takes it; on a busy machine
+        # another process may take it first (EADDRINUSE): another port then, not a failure.
+        if not any("EADDRINUSE" in err for code, out, err in outputs if code):
+            break
+    return outputs
+
+
+def _agents_at(port, tmp, how):
     if how == "static":  # node 0 hosts the store at MASTER_ADDR:MASTER_PORT
         rendezvous = lambda node: [f"--node-rank={node}", "--master-addr=127.0.0.1",
                                    f"--master-port={port}"]
@@ -176,6 +197,24 @@ def test_two_agents_equal_one_agent(one_agent_table, how):
     for code, out, err in AGENTS[how].result():
         assert code == 0, err[-3000:]
     verdict = diff(AGENTS[how].tmp / "two.txt", one_agent_table)
+    assert verdict.returncode == 0 and "IDENTICAL" in verdict.stdout, verdict.stdout
+
+
+def test_a_port_taken_before_node_0_binds_it_ends_that_try_at_once_and_another_is_made(
+        tmp_path, one_agent_table):
+    # free_port() lets the port go before node 0's store binds it: here another socket holds
+    # it. Node 0 fails (EADDRINUSE) and node 1, connected to a listener that is no store,
+    # would wait 15 min: the try ends with node 0, and the next port is taken.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        tries = []
+        ports = (tries.append(port) or port for port in (taken.getsockname()[1], free_port()))
+        outputs = _agents(tmp_path, "static", ports)
+    assert len(tries) == 2, "a single try: the taken port was not met"
+    for code, out, err in outputs:
+        assert code == 0, err[-3000:]
+    verdict = diff(tmp_path / "two.txt", one_agent_table)
     assert verdict.returncode == 0 and "IDENTICAL" in verdict.stdout, verdict.stdout
 
 
