@@ -196,7 +196,10 @@ def test_chromium_is_stopped_by_a_page_that_never_answers_not_by_a_slow_crawl(tm
 
     class Slow(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            time.sleep(60 if self.path == "/never" else step)  # /never: past the bound
+            if self.path == "/never":  # past the bound; no answer then, the reader is gone
+                time.sleep(60)
+                return
+            time.sleep(step)
             body = b"<!doctype html><title>slow</title>"
             self.send_response(200)
             self.send_header("Content-Type", "text/html")
