@@ -143,14 +143,6 @@ def test_a_hang_past_the_bound_is_killed_and_reported():
     assert "started" in info.value.stdout and tagged_pids(info.value.tag) == []
 
 
-def test_a_slow_run_that_keeps_printing_is_not_taken_for_a_hang():
-    # The bound is on silence: a busy machine slows a run's lines (test_elastic's two agents:
-    # 59 s quiet, 389 s at load 32), a hang prints none. 4 s of lines, a 2 s bound: it ends.
-    result = run([sys.executable, "-c", "import time\nfor i in range(20):\n"
-                  "    print(i, flush=True); time.sleep(0.2)\nprint('done')"], timeout=2)
-    assert result.returncode == 0 and result.stdout.split()[-1] == "done", result.stdout
-
-
 BAD_FLAGS = [
     ("manual_ddp.py", ["--epochs", "0"], "error: --epochs 0: must be 1 or more"),
     ("manual_ddp.py", ["--epochs", "-1"], "error: --epochs -1: must be 1 or more"),

@@ -169,24 +169,24 @@ def test_the_next_test_has_the_sessions_ctrl_c_back():
 
 
 def test_a_run_that_keeps_writing_outlives_the_silence_bound_and_one_that_stops_does_not(tmp_path):
-    """helpers.Silence bounds the silence, not the whole run: a slow run that writes a line each
-    0.1 s goes on past 4 bounds of 0.5 s; once it writes nothing, it is hung after one."""
+    """helpers.Silence bounds the silence, not the whole run: a run that writes a line each
+    second goes on past 4 bounds of 2 s; once it writes nothing, it is hung one bound after
+    its last line; the whole has a bound of its own. A clock of the test's own: no timing."""
+    now = [0.0]
     log, other = tmp_path / "a.log", tmp_path / "b.log"  # b: not yet started, no file
     log.write_text("")
-    silence = helpers.Silence([str(log), str(other)], limit=0.5, whole=60)
-    start = time.monotonic()
-    while time.monotonic() - start < 2.0:  # 4 bounds of writing: never expired
+    silence = helpers.Silence([str(log), str(other)], limit=2, whole=60, clock=lambda: now[0])
+    for second in range(1, 9):  # a line a second for 8 s: never expired
+        now[0] = second
         with open(log, "a") as f:
             f.write("a line\n")
-        assert not silence.expired(), f"expired {time.monotonic() - start:.2f} s in, mid-output"
-        stopped_at = time.monotonic()  # (the last line seen)
-        time.sleep(0.1)
-    while not silence.expired():
-        assert time.monotonic() - stopped_at < 5, "a silent run never expired"
-        time.sleep(0.05)
-    assert time.monotonic() - stopped_at > 0.5
-    whole = helpers.Silence([str(log)], limit=60, whole=0.3)  # the whole: a backstop
-    while not whole.expired():
-        log.write_text(log.read_text() + "more\n")
-        assert time.monotonic() - stopped_at < 10, "the whole bound never expired"
-        time.sleep(0.05)
+        assert not silence.expired(), f"expired at {second} s, mid-output"
+    now[0] = 10.0  # 2 s after the last line: not yet past the bound
+    assert not silence.expired()
+    now[0] = 10.5
+    assert silence.expired()
+    other.write_text("b's first line\n")  # a file that appears counts as output too
+    assert not silence.expired() and "2s without output or 60s in all" == str(silence)
+    now[0] = 60.5
+    other.write_text(other.read_text() + "more\n")
+    assert silence.expired(), "the whole bound: a backstop, whatever was written"
