@@ -137,31 +137,28 @@ def _two_agents(rendezvous, table, timeout=HANG_S):
             files = [open(os.path.join(tmp, f"{node_rank}.{s}"), "w+") for s in ("out", "err")]
             procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=files[0],
                                            stderr=files[1], start_new_session=True), files))
-        silence = Silence([f for _, files in procs for f in files], timeout)
+        silence, hung = Silence([f for _, files in procs for f in files], timeout), False
         try:
-            while any(p.poll() is None for p, _ in procs):
+            while any(p.poll() is None for p, _ in procs) and not hung:
                 if any(p.poll() not in (None, 0) for p, _ in procs):
                     break  # the other waits for it: the outputs say why
-                if silence.expired() or stopped():
-                    raise AssertionError(f"two-agent run still going after {silence} (a hang?),"
-                                         " or at the session's end\n" + "\n".join(
-                                             f"--- node {n} {s}:\n{_tail(f)}" for n, (_, files)
-                                             in enumerate(procs) for s, f in zip("oe", files)))
+                hung = silence.expired() or stopped()
                 time.sleep(0.1)
         finally:
             kill_tagged(tag)  # agents and workers (each in a session of its own), orphans too
-        for p, files in procs:
+        for p, files in procs:  # read once all are gone: nothing writes while it is read
             for f in files:
                 f.seek(0)
             outputs.append((p.wait(), files[0].read(), files[1].read()))
             for f in files:
                 f.close()
+    if hung:
+        raise AssertionError(f"two-agent run still going after {silence} (a hang?), or at the"
+                             " session's end\n" + "\n".join(
+                                 f"--- node {n} {s}:\n{text[-3000:]}"
+                                 for n, (_, *texts) in enumerate(outputs)
+                                 for s, text in zip(("out", "err"), texts)))
     return outputs
-
-
-def _tail(file):
-    file.seek(0)
-    return file.read()[-3000:]
 
 
 @pytest.fixture(scope="module")
